@@ -1,0 +1,293 @@
+"""Command line: ``prefixshield run | trace generate | trace inspect | profiles``.
+
+The CLI parses options, calls the library and prints; it holds no simulation logic. Every user
+error (unknown name, bad value, unreadable file) ends with one ``Error:`` line and exit code 1 or 2,
+never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from prefixshield import __version__
+
+console = Console()
+
+# Errors that are the user's input, not our bugs: shown as one line.
+_USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, FileNotFoundError,
+                                                 OSError)
+
+
+def _user_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from prefixshield.simulator.engine import EngineError
+
+        try:
+            return fn(*args, **kwargs)
+        except (EngineError, *_USER_ERRORS) as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+            raise click.ClickException(msg) from None
+    return wrapper
+
+
+def _policy_names(values: tuple[str, ...]) -> tuple[str, ...]:
+    from prefixshield.policies import POLICIES
+
+    names: list[str] = []
+    for v in values:
+        for name in v.split(","):
+            name = name.strip()
+            if name == "all":
+                names.extend(sorted(POLICIES))
+            elif name:
+                names.append(name)
+    return tuple(dict.fromkeys(names))
+
+
+def _workload_names() -> str:
+    from prefixshield.traces.generators import WORKLOADS
+
+    return ", ".join(sorted(WORKLOADS))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="prefixshield")
+def main() -> None:
+    """prefixshield: what a KV prefix-cache replacement policy does to each tenant.
+
+    A trace-driven simulator of vLLM's Automatic Prefix Caching block pool. Start with
+    `prefixshield run one_touch --policy all`.
+    """
+
+
+# ---------------------------------------------------------------------------------------- run
+def _engine_options(fn):
+    opts = [
+        click.option("--blocks", "num_blocks", type=int, default=512, show_default=True,
+                     help="KV blocks configured, null block included (usable = blocks - 1)."),
+        click.option("--block-size", type=int, default=16, show_default=True,
+                     help="Tokens per KV block."),
+        click.option("--compat", "vllm_compat", type=click.Choice(["0.10", "current"]),
+                     default="current", show_default=True,
+                     help="vLLM free-queue/admission semantics to reproduce."),
+        click.option("--max-num-seqs", type=int, default=256, show_default=True,
+                     help="Most running requests per step."),
+        click.option("--max-num-batched-tokens", type=int, default=8192, show_default=True,
+                     help="Token budget per step (chunked prefill)."),
+        click.option("--profile", default="l4-qwen2.5-1.5b", show_default=True,
+                     help="Cost-model profile: a shipped name (see `prefixshield profiles`) or "
+                          "a .toml path."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+@main.command()
+@click.argument("workload")
+@click.option("--policy", "-p", "policies", multiple=True, default=("lru",), show_default=True,
+              help="Policy to run (repeat, comma-separate, or 'all'). Every policy gets the "
+                   "identical trace.")
+@_engine_options
+@click.option("--seed", type=int, default=0, show_default=True, help="Trace seed.")
+@click.option("--alpha", type=float, default=0.6, show_default=True,
+              help="Nominal load: base arrival rate = alpha x C_prefill of the profile.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a workload parameter (repeatable); e.g. --set duration_s=30.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write records, summaries and config here.")
+@click.option("--plot/--no-plot", default=True, show_default=True,
+              help="With --out: write comparison.png.")
+@click.option("--check-invariants", is_flag=True,
+              help="Verify the block pool's invariants after every step (slow).")
+@_user_errors
+def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
+        max_num_batched_tokens, profile, seed, alpha, overrides, out_dir, plot, check_invariants):
+    """Simulate WORKLOAD under one or more policies and print a summary table.
+
+    WORKLOAD is a generated workload name or a trace .parquet file (see `prefixshield trace`).
+    """
+    from prefixshield.experiments.overrides import parse_overrides
+    from prefixshield.experiments.single import (RunSpec, build_trace, is_trace_file,
+                                                 run_policies, write_outputs)
+    from prefixshield.simulator.config import EngineConfig
+    from prefixshield.simulator.costmodel import load_profile
+    from prefixshield.traces.generators import WORKLOADS
+
+    if not is_trace_file(workload) and workload not in WORKLOADS:
+        raise click.BadParameter(f"unknown workload {workload!r}; known: {_workload_names()} "
+                                 "(or a .parquet trace file)", param_hint="WORKLOAD")
+    typed = {}
+    if overrides:
+        if is_trace_file(workload):
+            raise click.BadParameter("--set applies to generated workloads, not trace files",
+                                     param_hint="--set")
+        typed = parse_overrides(WORKLOADS[workload].params_type, overrides)
+    engine = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=max_num_batched_tokens, vllm_compat=vllm_compat,
+                          check_invariants=check_invariants)
+    spec = RunSpec(workload=workload, policies=_policy_names(policies), engine=engine,
+                   profile=load_profile(profile), alpha=alpha, seed=seed, overrides=typed)
+    trace, info = build_trace(spec)
+    console.print(f"[bold]{workload}[/]: {len(trace)} requests, "
+                  f"{trace.requests['group'].nunique()} groups; profile {spec.profile.name} "
+                  f"({spec.profile.provenance['status']}); {num_blocks} blocks x {block_size} "
+                  f"tokens; vLLM compat {vllm_compat}")
+    timings: dict[str, float] = {}
+    with console.status("simulating...") as status:
+        t0 = [time.perf_counter()]
+
+        def done(name, _result):
+            timings[name] = time.perf_counter() - t0[0]
+            t0[0] = time.perf_counter()
+            status.update(f"simulated {name} in {timings[name]:.2f} s")
+
+        results = run_policies(trace, spec, on_done=done)
+    _print_summary(results, timings)
+    if out_dir:
+        written = write_outputs(out_dir, spec, trace, info, results)
+        if plot:
+            from prefixshield.plots import plot_policy_comparison
+
+            focus = "victim" if "victim" in set(trace.requests["group"]) else None
+            png = Path(out_dir) / "comparison.png"
+            plot_policy_comparison(results, f"{workload} - {spec.profile.name}, {num_blocks} "
+                                   f"blocks, seed {seed}", png, focus_group=focus)
+            written.append(png)
+        console.print(f"wrote {len(written)} files to {out_dir}/")
+
+
+def _print_summary(results, timings) -> None:
+    from prefixshield.simulator.metrics import summarize
+
+    first = next(iter(results.values()))
+    pop = summarize(first)["population"]
+    table = Table(title=f"judged population: {'measured victim' if pop == 'victim' else 'all measured'} requests")
+    for col, just in [("policy", "left"), ("requests", "right"), ("hit ratio", "right"),
+                      ("P50 TTFT (s)", "right"), ("P95 TTFT (s)", "right"),
+                      ("preemptions", "right"), ("evictions", "right"), ("sim time (s)", "right")]:
+        table.add_column(col, justify=just)
+    for name, r in results.items():
+        s = summarize(r)
+        table.add_row(name, str(s["requests"]), f"{100 * s['hit_ratio']:.2f}%",
+                      f"{s['p50_ttft_s']:.3f}", f"{s['p95_ttft_s']:.3f}", str(s["preemptions"]),
+                      str(s["evictions"]), f"{timings.get(name, float('nan')):.2f}")
+    console.print(table)
+
+
+# ---------------------------------------------------------------------------------------- trace
+@main.group()
+def trace() -> None:
+    """Generate, import and inspect request traces (Parquet)."""
+
+
+@trace.command("generate")
+@click.argument("workload")
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--alpha", type=float, default=0.6, show_default=True,
+              help="Nominal load: base arrival rate = alpha x C_prefill of the profile.")
+@click.option("--profile", default="l4-qwen2.5-1.5b", show_default=True)
+@click.option("--blocks", "num_blocks", type=int, default=512, show_default=True)
+@click.option("--block-size", type=int, default=16, show_default=True)
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a workload parameter (repeatable).")
+@_user_errors
+def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, overrides):
+    """Generate WORKLOAD and write it to OUT (.parquet)."""
+    from prefixshield.experiments.overrides import parse_overrides
+    from prefixshield.experiments.single import RunSpec, build_trace
+    from prefixshield.simulator.config import EngineConfig
+    from prefixshield.simulator.costmodel import load_profile
+    from prefixshield.traces.generators import WORKLOADS
+    from prefixshield.traces.io import write_trace
+
+    if workload not in WORKLOADS:
+        raise click.BadParameter(f"unknown workload {workload!r}; known: {_workload_names()}",
+                                 param_hint="WORKLOAD")
+    typed = parse_overrides(WORKLOADS[workload].params_type, overrides)
+    spec = RunSpec(workload=workload, policies=("lru",),
+                   engine=EngineConfig(num_blocks=num_blocks, block_size=block_size),
+                   profile=load_profile(profile), alpha=alpha, seed=seed, overrides=typed)
+    tr, _info = build_trace(spec)
+    write_trace(tr, out)
+    console.print(f"wrote {len(tr)} requests to {out}")
+
+
+@trace.command("import")
+@click.argument("fmt", type=click.Choice(["mooncake", "sharegpt", "azure"]))
+@click.argument("src", type=click.Path(dir_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--seed", type=int, default=0, show_default=True, help="Token seed.")
+@click.option("--groups", "num_groups", type=int, default=1, show_default=True,
+              help="Spread requests round-robin over this many groups.")
+@_user_errors
+def trace_import(fmt, src, out, seed, num_groups):
+    """Convert an external trace SRC (Mooncake JSONL, ShareGPT JSON, Azure CSV) to OUT."""
+    from prefixshield.traces import importers
+    from prefixshield.traces.io import write_trace
+
+    fn = {"mooncake": importers.import_mooncake, "sharegpt": importers.import_sharegpt,
+          "azure": importers.import_azure}[fmt]
+    tr = fn(src, seed=seed, num_groups=num_groups)
+    write_trace(tr, out)
+    console.print(f"imported {len(tr)} requests from {src} to {out}")
+
+
+@trace.command("inspect")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--block-size", type=int, default=16, show_default=True)
+@_user_errors
+def trace_inspect(path, block_size):
+    """Print what a trace holds: requests, groups, roles, prompt lengths, rates."""
+    from prefixshield.traces.io import read_trace
+
+    tr = read_trace(path)
+    df = tr.requests
+    lens = tr.prompt_lengths()
+    dur = float(df["arrival_s"].max() - df["arrival_s"].min()) if len(df) else 0.0
+    console.print(f"[bold]{path}[/]: {len(df)} requests over {dur:.1f} s, seed {tr.seed}, "
+                  f"vocab {tr.vocab_size}; meta: {tr.meta.get('generator') or tr.meta.get('importer') or '-'}")
+    table = Table()
+    for col in ("group", "contract", "role", "requests", "measured", "rate (req/s)",
+                "mean prompt (tokens)", f"mean prompt (blocks of {block_size})",
+                "mean output (tokens)", "distinct prefix_ids"):
+        table.add_column(col, justify="left" if col in ("group", "contract", "role") else "right")
+    df = df.assign(_len=lens)
+    for (g, c, r), sub in df.groupby(["group", "contract", "role"], sort=False):
+        span = float(sub["arrival_s"].max() - sub["arrival_s"].min())
+        rate = (len(sub) - 1) / span if span > 0 else float("nan")
+        table.add_row(str(g), str(c), str(r), str(len(sub)), str(int(sub["measured"].sum())),
+                      f"{rate:.2f}", f"{sub['_len'].mean():.0f}",
+                      f"{(sub['_len'] // block_size).mean():.1f}",
+                      f"{sub['output_tokens'].mean():.0f}", str(sub["prefix_id"].nunique()))
+    console.print(table)
+
+
+@main.command()
+def profiles() -> None:
+    """List the shipped cost-model profiles and their provenance."""
+    from prefixshield.simulator.costmodel import list_profiles, load_profile
+
+    table = Table()
+    for col in ("name", "status", "hardware", "model", "a (s)", "b (s/prefill tok)",
+                "c (s/decode seq)", "d (s/context tok)"):
+        table.add_column(col)
+    for name in list_profiles():
+        p = load_profile(name)
+        c = p.cost
+        table.add_row(name, p.provenance["status"], p.provenance["hardware"], p.provenance["model"],
+                      f"{c.a_s:g}", f"{c.b_s_per_prefill_token:g}", f"{c.c_s_per_decode_seq:g}",
+                      f"{c.d_s_per_context_token:g}")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""One workload (generated or read from a file) under one or more policies, same trace for all.
+
+This is what ``prefixshield run`` does; the CLI only parses options and calls in here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from prefixshield import __version__
+from prefixshield.atomic import write_text, write_with
+from prefixshield.policies import POLICIES, make_policy
+from prefixshield.simulator.capacity import measure_c_prefill
+from prefixshield.simulator.config import EngineConfig
+from prefixshield.simulator.costmodel import Profile
+from prefixshield.simulator.engine import Engine, RunResult
+from prefixshield.simulator.metrics import eviction_matrix, group_table, occupancy_frame, summarize
+from prefixshield.traces import generators
+from prefixshield.traces.io import read_trace, write_trace
+from prefixshield.traces.schema import Trace
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What to run.
+
+    Attributes:
+        workload: a registered workload name, or the path of a trace Parquet file.
+        policies: policy names, each run on the identical trace.
+        engine: engine settings (blocks, block size, scheduler limits, compat mode).
+        profile: the cost-model profile.
+        alpha: nominal load; a generated workload's base rate is ``alpha * C_prefill``.
+        seed: trace seed (generated workloads).
+        overrides: workload parameter overrides (typed values).
+    """
+
+    workload: str
+    policies: tuple[str, ...]
+    engine: EngineConfig
+    profile: Profile
+    alpha: float = 0.6
+    seed: int = 0
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = [p for p in self.policies if p not in POLICIES]
+        if unknown:
+            raise ValueError(f"unknown policy {unknown[0]!r}; known: {', '.join(sorted(POLICIES))}")
+        if not self.policies:
+            raise ValueError("no policy given")
+        if not self.alpha > 0:
+            raise ValueError(f"alpha must be > 0, got {self.alpha}")
+
+
+def is_trace_file(workload: str) -> bool:
+    """Whether ``workload`` names a file rather than a registered workload."""
+    return workload not in generators.WORKLOADS and (
+        workload.endswith(".parquet") or Path(workload).exists() or "/" in workload)
+
+
+def build_trace(spec: RunSpec) -> tuple[Trace, dict]:
+    """The trace for ``spec`` and a dict saying how it was obtained (written with the results)."""
+    if is_trace_file(spec.workload):
+        return read_trace(spec.workload), {"trace_file": str(spec.workload)}
+    if spec.workload not in generators.WORKLOADS:
+        raise ValueError(f"unknown workload {spec.workload!r}; known: "
+                         f"{', '.join(sorted(generators.WORKLOADS))} (or a .parquet trace file)")
+    c_prefill = measure_c_prefill(spec.profile.cost, spec.engine)
+    params = dict(seed=spec.seed, base_rate=spec.alpha * c_prefill, alpha=spec.alpha,
+                  block_size=spec.engine.block_size, num_blocks=spec.engine.num_blocks)
+    params.update(spec.overrides)
+    p = generators.make_params(spec.workload, **params)
+    trace = generators.WORKLOADS[spec.workload](p)
+    return trace, {"workload": spec.workload, "c_prefill_req_per_s": c_prefill,
+                   "base_rate_req_per_s": p.base_rate, "params": generators.params_to_dict(p)}
+
+
+def run_policies(trace: Trace, spec: RunSpec,
+                 on_done: Callable[[str, RunResult], None] | None = None) -> dict[str, RunResult]:
+    """Run ``trace`` once per policy of ``spec`` (a fresh policy and engine each time)."""
+    results = {}
+    for name in spec.policies:
+        policy = make_policy(name, spec.engine.num_blocks, vllm_compat=spec.engine.vllm_compat)
+        results[name] = Engine(trace, policy, spec.profile.cost, spec.engine).run()
+        if on_done is not None:
+            on_done(name, results[name])
+    return results
+
+
+def summary_frame(results: dict[str, RunResult]) -> pd.DataFrame:
+    """One row per policy: :func:`~prefixshield.simulator.metrics.summarize` of each run."""
+    return pd.DataFrame([{"policy": p, **summarize(r)} for p, r in results.items()])
+
+
+def config_record(spec: RunSpec, trace_info: dict) -> dict:
+    """The exact configuration of a run, for ``config.json`` beside its results."""
+    return {
+        "prefixshield_version": __version__,
+        "python": platform.python_version(),
+        "workload": spec.workload,
+        "policies": list(spec.policies),
+        "seed": spec.seed,
+        "alpha": spec.alpha,
+        "engine": spec.engine.to_dict(),
+        "profile": {"name": spec.profile.name, "source": spec.profile.source,
+                    "cost": dataclasses.asdict(spec.profile.cost),
+                    "provenance": spec.profile.provenance},
+        "trace": trace_info,
+    }
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return float(x)
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    raise TypeError(f"not JSON-serializable: {type(x).__name__}")
+
+
+def write_outputs(out_dir: str | Path, spec: RunSpec, trace: Trace, trace_info: dict,
+                  results: dict[str, RunResult]) -> list[Path]:
+    """Write config, trace, per-policy records/groups/evictions/occupancy and the summary.
+
+    Every file is written atomically; returns the paths written.
+    """
+    out = Path(out_dir)
+    written: list[Path] = []
+
+    def put_text(name: str, text: str) -> None:
+        write_text(out / name, text)
+        written.append(out / name)
+
+    def put_parquet(name: str, df: pd.DataFrame) -> None:
+        write_with(out / name, lambda tmp: df.to_parquet(tmp, index=False))
+        written.append(out / name)
+
+    put_text("config.json", json.dumps(config_record(spec, trace_info), indent=2,
+                                       default=_jsonable) + "\n")
+    write_trace(trace, out / "trace.parquet")
+    written.append(out / "trace.parquet")
+    for name, r in results.items():
+        put_parquet(f"{name}/records.parquet", r.records)
+        put_parquet(f"{name}/occupancy.parquet", occupancy_frame(r))
+        put_text(f"{name}/groups.csv", group_table(r).to_csv(index=False))
+        put_text(f"{name}/evictions.csv", eviction_matrix(r).to_csv())
+        put_text(f"{name}/policy_stats.json", json.dumps(r.policy_stats, indent=2,
+                                                         default=_jsonable) + "\n")
+    put_text("summary.csv", summary_frame(results).to_csv(index=False))
+    return written

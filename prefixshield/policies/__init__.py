@@ -1,0 +1,6 @@
+"""Replacement policies. Importing this package registers every policy in ``base.POLICIES``."""
+
+from prefixshield.policies import lru  # noqa: F401
+from prefixshield.policies.base import COMPAT_MODES, POLICIES, Policy, make_policy, register_policy
+
+__all__ = ["COMPAT_MODES", "POLICIES", "Policy", "make_policy", "register_policy"]

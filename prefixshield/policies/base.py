@@ -1,0 +1,110 @@
+"""The replacement-policy interface and the one registry of policies.
+
+A policy owns the *order of free blocks* (cached or truly free); the block pool owns reference
+counts, the hash map and ownership, and asks the policy only which free blocks to reuse next.
+The same instance works under the pure cache driver, the SimPy engine and the live vLLM adapter.
+
+Units: block ids are ints in ``[1, num_blocks)`` (block 0 is vLLM's null block and never free);
+group and contract ids are small non-negative ints; ``now`` is seconds on the accounting clock.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable, ClassVar
+
+import numpy as np
+
+COMPAT_MODES = ("0.10", "current")
+"""vLLM free-queue semantics: ``"0.10"`` appends every freed block to the tail; ``"current"``
+puts freed blocks that carry no hash at the head (they are reused first)."""
+
+
+class Policy(ABC):
+    """Contract between the block pool and a replacement policy.
+
+    The pool calls, in vLLM's order:
+
+    * :meth:`on_release` when blocks reach ref_cnt 0 (they become free candidates);
+    * :meth:`on_acquire` when free cached blocks are taken back into use by a prefix hit;
+    * :meth:`select_victims` when a request needs ``n`` new blocks; the returned blocks leave the
+      policy's free set and the pool drops the hash of each cached one (an eviction);
+    * :meth:`on_materialize` when a request caches newly computed full blocks;
+    * :meth:`on_hit` when a request reuses cached blocks (in use or free).
+
+    Invariant kept by every policy: the set of blocks it holds as free is exactly the set of
+    non-null blocks with ref_cnt 0, and :meth:`num_free` is its size.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, num_blocks: int, vllm_compat: str = "current") -> None:
+        if num_blocks < 2:
+            raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
+        if vllm_compat not in COMPAT_MODES:
+            raise ValueError(f"vllm_compat must be one of {COMPAT_MODES}, got {vllm_compat!r}")
+        self.num_blocks = int(num_blocks)
+        self.vllm_compat = vllm_compat
+
+    @abstractmethod
+    def on_release(self, blocks: np.ndarray, cached: np.ndarray, now: float) -> None:
+        """``blocks`` (int32, in vLLM's free order) reached ref_cnt 0; ``cached[i]`` says block i
+        still carries a hash (a reclamation candidate) rather than being truly free."""
+
+    @abstractmethod
+    def on_acquire(self, blocks: np.ndarray) -> None:
+        """Free cached ``blocks`` were taken back into use by a hit; they leave the free set."""
+
+    @abstractmethod
+    def select_victims(self, n: int, now: float, requester: int) -> np.ndarray:
+        """Remove and return ``n`` free blocks (int32) for ``requester`` to reuse, in order.
+
+        The caller guarantees ``n <= available(requester)``."""
+
+    def on_materialize(self, blocks: np.ndarray, group: int, contract: int, prefix_id: int,
+                       now: float) -> None:
+        """``blocks`` are newly computed full blocks of one request of ``group``, now cached."""
+
+    def on_hit(self, blocks: np.ndarray, group: int, contract: int, prefix_id: int,
+               now: float) -> None:
+        """``blocks`` are cached blocks reused by a request of ``group`` (before on_acquire)."""
+
+    @abstractmethod
+    def num_free(self) -> int:
+        """Number of free blocks the policy holds (vLLM's ``get_num_free_blocks``)."""
+
+    def available(self, requester: int) -> int:
+        """Free blocks ``requester`` may take now; quota policies cap it. Default: all free."""
+        return self.num_free()
+
+    @abstractmethod
+    def free_order(self) -> np.ndarray:
+        """The free blocks in the order they would be reused (for tests and the live adapter)."""
+
+    def stats(self) -> dict:
+        """Policy-specific counters (occupancy per class, debt, promotions, ...)."""
+        return {}
+
+
+PolicyFactory = Callable[..., Policy]
+POLICIES: dict[str, type[Policy]] = {}
+"""The registry: policy name -> class. Policies add themselves with :func:`register_policy`."""
+
+
+def register_policy(cls: type[Policy]) -> type[Policy]:
+    """Class decorator: add ``cls`` to :data:`POLICIES` under ``cls.name``."""
+    if cls.name in POLICIES:
+        raise ValueError(f"policy {cls.name!r} registered twice")
+    POLICIES[cls.name] = cls
+    return cls
+
+
+def make_policy(name: str, num_blocks: int, vllm_compat: str = "current", **params) -> Policy:
+    """Build the registered policy ``name``; unknown names raise ``KeyError`` listing the known."""
+    from prefixshield import policies  # noqa: F401  (imports every policy module once)
+
+    try:
+        cls = POLICIES[name]
+    except KeyError:
+        raise KeyError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
+    return cls(num_blocks, vllm_compat=vllm_compat, **params)

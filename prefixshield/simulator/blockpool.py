@@ -1,0 +1,228 @@
+"""vLLM-faithful KV block pool: reference counts, the hash map, ownership, evictions.
+
+A port of vLLM v1's ``BlockPool`` (vllm/v1/core/block_pool.py) over struct-of-arrays state with
+numba kernels. What is reproduced on purpose:
+
+* block 0 is the null block: never free, never allocated (``num_blocks=512`` -> 511 usable);
+* the hash map may hold several blocks with one hash (vLLM does not de-duplicate a block that two
+  requests computed concurrently); lookup returns the earliest inserted one still cached;
+* taking a free block that still has a hash evicts it: the hash is dropped there and then;
+* ``free_blocks`` receives blocks in eviction-priority order (the caller reverses a request's
+  blocks) and hands the ones reaching ref_cnt 0 to the policy in that order.
+
+Where the pool differs from vLLM: the order of free blocks is the policy's (for LRU it is vLLM's
+free queue exactly), and the pool additionally tracks the group that holds or owns every block, so
+any policy, LRU included, reports per-group occupancy and an eviction attribution matrix.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.typed import Dict
+
+from prefixshield.policies.base import Policy
+
+NO_HASH = np.uint64(0)
+NULL_BLOCK = 0
+
+
+@njit(cache=True)
+def _find_hits(hash_map, req_hashes, max_blocks, out):
+    n = min(max_blocks, req_hashes.shape[0])
+    for i in range(n):
+        h = req_hashes[i]
+        if h not in hash_map:
+            return i
+        out[i] = hash_map[h]
+    return n
+
+
+@njit(cache=True)
+def _touch(ref_cnt, blocks, was_free):
+    num_free = 0
+    for i in range(blocks.shape[0]):
+        b = blocks[i]
+        if ref_cnt[b] == 0:
+            was_free[num_free] = b
+            num_free += 1
+        ref_cnt[b] += 1
+    return num_free
+
+
+@njit(cache=True)
+def _claim(victims, ref_cnt, block_hash, hash_map, hash_next, owner, occupancy, evictions,
+           requester, evicted_out):
+    """Take ``victims`` into use by ``requester``; evict the ones that still carry a hash."""
+    num_evicted = 0
+    for b in victims:
+        h = block_hash[b]
+        if h != 0:
+            head = hash_map[h]
+            if head == b:
+                if hash_next[b] < 0:
+                    del hash_map[h]
+                else:
+                    hash_map[h] = hash_next[b]
+            else:
+                p = head
+                while hash_next[p] != b:
+                    p = hash_next[p]
+                hash_next[p] = hash_next[b]
+            hash_next[b] = -1
+            block_hash[b] = 0
+            evictions[requester, owner[b]] += 1
+            evicted_out[num_evicted] = b
+            num_evicted += 1
+        if owner[b] >= 0:
+            occupancy[owner[b]] -= 1
+        owner[b] = requester
+        occupancy[requester] += 1
+        ref_cnt[b] = 1
+    return num_evicted
+
+
+@njit(cache=True)
+def _cache(blocks, hashes, ref_cnt, block_hash, hash_map, hash_next):
+    for i in range(blocks.shape[0]):
+        b = blocks[i]
+        h = hashes[i]
+        block_hash[b] = h
+        hash_next[b] = -1
+        if h not in hash_map:
+            hash_map[h] = b
+        else:
+            p = hash_map[h]
+            while hash_next[p] >= 0:
+                p = hash_next[p]
+            hash_next[p] = b
+
+
+@njit(cache=True)
+def _release(ordered_blocks, ref_cnt, block_hash, owner, occupancy, freed, cached):
+    num_freed = 0
+    for b in ordered_blocks:
+        ref_cnt[b] -= 1
+        if ref_cnt[b] == 0 and b != 0:
+            freed[num_freed] = b
+            cached[num_freed] = block_hash[b] != 0
+            if block_hash[b] == 0:
+                occupancy[owner[b]] -= 1
+                owner[b] = -1
+            num_freed += 1
+    return num_freed
+
+
+class BlockPool:
+    """The KV block pool of one engine (vLLM's ``BlockPool`` with a pluggable policy).
+
+    Args:
+        num_blocks: configured blocks, null block included (usable = ``num_blocks - 1``).
+        policy: the replacement policy; it holds the free blocks.
+        num_groups: accounting groups that may allocate (ids ``0 .. num_groups-1``).
+
+    Attributes:
+        ref_cnt: int32 per block; number of running requests using the block.
+        block_hash: uint64 per block; 0 = no hash (not cached).
+        owner_group: int32 per block; group using it, or owning its cached content; -1 if truly free.
+        occupancy: int64 per group; blocks whose ``owner_group`` is that group.
+        evictions: int64 ``[requesting group, owner group]``; cached blocks reclaimed.
+    """
+
+    def __init__(self, num_blocks: int, policy: Policy, num_groups: int) -> None:
+        if num_blocks < 2:
+            raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
+        if policy.num_blocks != num_blocks:
+            raise ValueError(f"policy sized for {policy.num_blocks} blocks, pool for {num_blocks}")
+        self.num_blocks = num_blocks
+        self.policy = policy
+        self.num_groups = num_groups
+        self.ref_cnt = np.zeros(num_blocks, dtype=np.int32)
+        self.block_hash = np.zeros(num_blocks, dtype=np.uint64)
+        self.hash_next = np.full(num_blocks, -1, dtype=np.int32)
+        self.owner_group = np.full(num_blocks, -1, dtype=np.int32)
+        self.occupancy = np.zeros(num_groups, dtype=np.int64)
+        self.evictions = np.zeros((num_groups, num_groups), dtype=np.int64)
+        self.num_evicted_total = 0
+        self.hash_map = Dict.empty(key_type=types.uint64, value_type=types.int64)
+        self._scratch = np.empty(num_blocks, dtype=np.int32)
+        self._scratch2 = np.empty(num_blocks, dtype=np.int32)
+        self._cached_scratch = np.empty(num_blocks, dtype=np.bool_)
+        self.last_evicted = np.empty(0, dtype=np.int32)
+
+    @property
+    def usable_blocks(self) -> int:
+        """Blocks that can ever hold KV state (the null block excluded)."""
+        return self.num_blocks - 1
+
+    def num_free_blocks(self, requester: int | None = None) -> int:
+        """Free blocks (ref_cnt 0), as the policy lets ``requester`` take them."""
+        if requester is None:
+            return self.policy.num_free()
+        return self.policy.available(requester)
+
+    def find_cached_prefix(self, block_hashes: np.ndarray, max_blocks: int) -> np.ndarray:
+        """Blocks of the longest cached chain among the first ``max_blocks`` hashes. No side effect."""
+        n = _find_hits(self.hash_map, block_hashes, max_blocks, self._scratch)
+        return self._scratch[:n].copy()
+
+    def touch(self, blocks: np.ndarray, group: int, contract: int, prefix_id: int,
+              now: float) -> None:
+        """Reuse cached ``blocks`` for a request: ref_cnt += 1; ref_cnt-0 ones leave the free set."""
+        if blocks.shape[0] == 0:
+            return
+        self.policy.on_hit(blocks, group, contract, prefix_id, now)
+        n = _touch(self.ref_cnt, blocks, self._scratch2)
+        if n:
+            self.policy.on_acquire(self._scratch2[:n].copy())
+
+    def get_new_blocks(self, n: int, requester: int, now: float) -> np.ndarray:
+        """Take ``n`` free blocks for ``requester`` (ref_cnt 1), evicting cached content as needed."""
+        if n > self.policy.available(requester):
+            raise ValueError(f"cannot get {n} free blocks for group {requester}: "
+                             f"{self.policy.available(requester)} available")
+        victims = self.policy.select_victims(n, now, requester)
+        k = _claim(victims, self.ref_cnt, self.block_hash, self.hash_map, self.hash_next,
+                   self.owner_group, self.occupancy, self.evictions, requester, self._scratch2)
+        self.num_evicted_total += k
+        self.last_evicted = self._scratch2[:k].copy()
+        return victims
+
+    def cache_full_blocks(self, blocks: np.ndarray, hashes: np.ndarray, group: int, contract: int,
+                          prefix_id: int, now: float) -> None:
+        """Give newly computed full ``blocks`` their ``hashes`` so later requests can hit them."""
+        if blocks.shape[0] == 0:
+            return
+        _cache(blocks, hashes, self.ref_cnt, self.block_hash, self.hash_map, self.hash_next)
+        self.policy.on_materialize(blocks, group, contract, prefix_id, now)
+
+    def free_blocks(self, ordered_blocks: np.ndarray, now: float) -> None:
+        """Drop one reference from each block; blocks reaching 0 go to the policy in this order."""
+        n = _release(ordered_blocks, self.ref_cnt, self.block_hash, self.owner_group,
+                     self.occupancy, self._scratch2, self._cached_scratch)
+        if n:
+            self.policy.on_release(self._scratch2[:n].copy(), self._cached_scratch[:n].copy(), now)
+
+    def num_cached_blocks(self) -> int:
+        """Blocks that carry a hash (in use or free)."""
+        return int(np.count_nonzero(self.block_hash))
+
+    def check_invariants(self) -> None:
+        """Raise ``AssertionError`` naming the first broken invariant (tests, --check-invariants)."""
+        free = self.policy.free_order()
+        should = np.flatnonzero(self.ref_cnt[1:] == 0) + 1
+        if free.shape[0] != self.policy.num_free():
+            raise AssertionError(f"policy reports {self.policy.num_free()} free blocks but holds "
+                                 f"{free.shape[0]}")
+        if not np.array_equal(np.sort(free), should):
+            extra = np.setdiff1d(free, should)
+            lost = np.setdiff1d(should, free)
+            raise AssertionError(f"free set != ref_cnt-0 blocks: in use but free {extra[:5]}, "
+                                 f"free but not held {lost[:5]}")
+        if self.ref_cnt[0] != 0 or 0 in free:
+            raise AssertionError("the null block was allocated or freed")
+        counts = np.bincount(self.owner_group[self.owner_group >= 0], minlength=self.num_groups)
+        if not np.array_equal(counts, self.occupancy):
+            raise AssertionError(f"occupancy {self.occupancy} != owner counts {counts}")
+        if len(self.hash_map) > self.num_cached_blocks():
+            raise AssertionError("hash map holds more hashes than cached blocks")

@@ -1,0 +1,329 @@
+"""SimPy model of one vLLM engine: arrivals, a continuous-batching scheduler, timed steps.
+
+The scheduler follows vLLM v1's ``Scheduler.schedule``:
+
+1. Running requests first, in admission order, each asking for its next tokens (decode: 1;
+   prefill: the rest of the prompt, cut to the step's token budget = chunked prefill). If the
+   cache cannot give a running request its blocks, the most recently admitted running request is
+   preempted (recompute: its blocks are freed and stay cached; it goes back to the head of the
+   waiting queue), until the allocation fits or the request itself was preempted.
+2. Only if nothing was preempted in this step: waiting requests in FCFS order, while the token
+   budget and ``max_num_seqs`` allow. A waiting request that does not fit blocks all behind it
+   (head-of-line blocking).
+
+A step lasts ``CostModel.step_time``; tokens count as computed at its end, and a request whose
+known tokens are all computed emits one output token then (the first one sets TTFT).
+
+Cost grows with events, not tokens: a run of steps in which no request completes, fills or opens a
+block, and nothing can be admitted, is taken in one jump (closed-form sum of step times).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from prefixshield.policies.base import Policy
+from prefixshield.simulator.blockpool import BlockPool
+from prefixshield.simulator.config import EngineConfig
+from prefixshield.simulator.costmodel import CostModel
+from prefixshield.simulator.kvcache import KVCacheManager, Sequence, make_sequence
+from prefixshield.traces.schema import Trace
+from prefixshield.traces.tokens import prompt_token_ids
+
+OUTPUT_SEED_SALT = 0x0DEC0DE
+"""Mixed into the trace seed for the tokens of requests without an ``output_segment_id``."""
+
+
+class EngineError(RuntimeError):
+    """The trace cannot run on this engine (e.g. a request larger than the whole pool)."""
+
+
+@dataclass
+class RunResult:
+    """Everything one simulated run produced.
+
+    Attributes:
+        records: one row per request (see :func:`Engine.records`).
+        groups: group names by id.
+        occupancy_t: seconds at which occupancy changed (float64).
+        occupancy: blocks owned per group at those times (``[len(occupancy_t), num_groups]``).
+        evictions: cached blocks reclaimed, ``[requesting group, owner group]``.
+        num_steps: engine steps simulated (coalesced decode runs count each step).
+        num_events: scheduler iterations actually executed (the simulator's work).
+        policy_stats: the policy's own counters at the end.
+    """
+
+    records: pd.DataFrame
+    groups: list[str]
+    occupancy_t: np.ndarray
+    occupancy: np.ndarray
+    evictions: np.ndarray
+    num_steps: int
+    num_events: int
+    policy_stats: dict = field(default_factory=dict)
+
+
+class Engine:
+    """One simulated engine replaying ``trace`` under ``policy``.
+
+    Args:
+        trace: the requests (validated).
+        policy: a fresh policy sized ``config.num_blocks``.
+        cost: the step-time model.
+        config: scheduler and cache settings.
+        coalesce_decode: jump over quiet decode steps (same results; False steps one by one,
+            which the tests use to check the jump).
+    """
+
+    def __init__(self, trace: Trace, policy: Policy, cost: CostModel, config: EngineConfig,
+                 coalesce_decode: bool = True) -> None:
+        self.trace = trace
+        self.coalesce_decode = coalesce_decode
+        self.config = config
+        self.cost = cost
+        df = trace.requests
+        self.groups: list[str] = list(dict.fromkeys(df["group"].astype(str)))
+        self.contracts: list[str] = list(dict.fromkeys(df["contract"].astype(str)))
+        gidx = {g: i for i, g in enumerate(self.groups)}
+        cidx = {c: i for i, c in enumerate(self.contracts)}
+        self.group_id = df["group"].astype(str).map(gidx).to_numpy(np.int64)
+        self.contract_id = df["contract"].astype(str).map(cidx).to_numpy(np.int64)
+        self.arrival_s = df["arrival_s"].to_numpy(np.float64)
+        self.prefix_id = df["prefix_id"].to_numpy(np.int64)
+        self.output_tokens = df["output_tokens"].to_numpy(np.int64)
+        self.prompt_tokens = trace.prompt_lengths()
+        n = len(df)
+        usable_tokens = (config.num_blocks - 1) * config.block_size
+        too_big = np.flatnonzero(self.prompt_tokens + self.output_tokens > usable_tokens)
+        if too_big.size:
+            i = int(too_big[0])
+            raise EngineError(
+                f"request {int(df['request_id'].iloc[i])} (row {i}) needs "
+                f"{int(self.prompt_tokens[i] + self.output_tokens[i])} tokens of KV cache but the "
+                f"pool holds {usable_tokens} ({config.num_blocks - 1} usable blocks x "
+                f"{config.block_size} tokens)")
+        self.pool = BlockPool(config.num_blocks, policy, len(self.groups))
+        self.kv = KVCacheManager(self.pool, config.block_size)
+        self.first_token_s = np.full(n, np.nan)
+        self.finish_s = np.full(n, np.nan)
+        self.cached_tokens = np.full(n, -1, dtype=np.int64)
+        self.num_preemptions = np.zeros(n, dtype=np.int64)
+        self.num_new_blocks = np.zeros(n, dtype=np.int64)
+        self.env = simpy.Environment()
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._next_arrival = 0
+        self._wakeup: simpy.Event | None = None
+        self._occ_t: list[float] = [0.0]
+        self._occ: list[np.ndarray] = [self.pool.occupancy.copy()]
+        self.num_steps = 0
+        self.num_events = 0
+
+    # ------------------------------------------------------------------ processes
+    def _arrivals(self):
+        env = self.env
+        for i in range(len(self.arrival_s)):
+            delay = self.arrival_s[i] - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            self.waiting.append(self._make_sequence(i))
+            self._next_arrival = i + 1
+            if self._wakeup is not None and not self._wakeup.triggered:
+                self._wakeup.succeed()
+
+    def _make_sequence(self, i: int) -> Sequence:
+        row = self.trace.requests.iloc[i]
+        tr = self.trace
+        prompt = prompt_token_ids(tr.seed, row["segment_ids"], row["segment_lengths"], tr.vocab_size)
+        n_out = int(self.output_tokens[i])
+        seg = int(row["output_segment_id"])
+        if seg >= 0:
+            out = prompt_token_ids(tr.seed, [seg], [n_out], tr.vocab_size)
+        else:
+            out = prompt_token_ids(tr.seed ^ OUTPUT_SEED_SALT, [i], [n_out], tr.vocab_size)
+        tokens = np.concatenate([prompt, out])
+        return make_sequence(i, int(self.group_id[i]), int(self.contract_id[i]),
+                             int(self.prefix_id[i]), tokens, prompt.shape[0],
+                             self.config.block_size, self.config.hash_seed)
+
+    def _engine(self):
+        env = self.env
+        n = len(self.arrival_s)
+        while True:
+            if not self.running and not self.waiting:
+                if self._next_arrival >= n:
+                    return
+                self._wakeup = env.event()
+                yield self._wakeup
+                self._wakeup = None
+                continue
+            quiet = yield from self._step()
+            if quiet and self.coalesce_decode:
+                yield from self._coalesced_decode()
+
+    # ------------------------------------------------------------------ one step
+    def _preempt_last(self, now: float) -> Sequence:
+        victim = self.running.pop()
+        self.kv.free(victim, now)
+        self.num_preemptions[victim.request_id] += 1
+        self.waiting.appendleft(victim)
+        return victim
+
+    def _step(self):
+        """One scheduler iteration and its timed step. Returns True if the next steps are quiet."""
+        env, kv, cfg = self.env, self.kv, self.config
+        now = env.now
+        self.num_events += 1
+        budget = cfg.max_num_batched_tokens
+        scheduled: list[tuple[Sequence, int]] = []
+        preempted = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            seq_preempted = False
+            while not kv.allocate_slots(seq, num_new, now):
+                preempted = True
+                if self._preempt_last(now) is seq:
+                    seq_preempted = True
+                    break
+            if seq_preempted:
+                break
+            scheduled.append((seq, num_new))
+            budget -= num_new
+            i += 1
+        admitted = 0
+        head_blocked = False
+        if not preempted:
+            while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+                seq = self.waiting[0]
+                hits, num_hit_tokens = kv.get_computed_blocks(seq)
+                num_new = min(seq.num_tokens - num_hit_tokens, budget)
+                reserve = seq.num_tokens if cfg.reserves_full_prompt else 0
+                if not kv.allocate_slots(seq, num_new, now, hits, reserve):
+                    head_blocked = True
+                    break
+                self.waiting.popleft()
+                self.running.append(seq)
+                if self.cached_tokens[seq.request_id] < 0:
+                    self.cached_tokens[seq.request_id] = num_hit_tokens
+                scheduled.append((seq, num_new))
+                budget -= num_new
+                admitted += 1
+
+        prefill_tokens = decode_seqs = context = 0
+        for seq, k in scheduled:
+            if k == 1 and seq.num_output_done > 0 and seq.num_computed_tokens == seq.num_tokens - 1:
+                decode_seqs += 1
+            else:
+                prefill_tokens += k
+            context += seq.num_computed_tokens + k
+        dt = self.cost.step_time(prefill_tokens, decode_seqs, context)
+        yield env.timeout(dt)
+        self.num_steps += 1
+        now = env.now
+        finished = []
+        for seq, k in scheduled:
+            seq.num_computed_tokens += k
+            if seq.num_computed_tokens == seq.num_tokens:
+                self._emit_token(seq, now, finished)
+        for seq in finished:
+            self.running.remove(seq)
+            self.kv.free(seq, now)
+        self._record_occupancy(now)
+        if cfg.check_invariants:
+            self.pool.check_invariants()
+        if preempted or admitted or finished:
+            return False
+        waiting_stuck = (not self.waiting) or head_blocked or len(self.running) >= cfg.max_num_seqs
+        return waiting_stuck and bool(self.running) and all(
+            s.num_computed_tokens == s.num_tokens - 1 and s.num_output_done > 0 for s in self.running)
+
+    def _emit_token(self, seq: Sequence, now: float, finished: list) -> None:
+        rid = seq.request_id
+        seq.num_output_done += 1
+        if seq.num_output_done == 1:
+            self.first_token_s[rid] = now
+        if seq.num_output_done >= self.output_tokens[rid]:
+            self.finish_s[rid] = now
+            self.num_new_blocks[rid] = seq.num_materialized_blocks
+            finished.append(seq)
+
+    def _coalesced_decode(self):
+        """Jump over decode steps in which nothing but token counts changes.
+
+        A decode step of a sequence whose next token position p has ``p % B`` in ``[1, B-2]``
+        neither opens a block (p % B == 0) nor fills one (p % B == B-1), so its
+        ``allocate_slots`` is a no-op; if the step also completes no request and the next arrival
+        comes later, the scheduler state after it equals the state before, up to token counts.
+        """
+        B = self.config.block_size
+        running = self.running
+        pos = np.fromiter((s.num_computed_tokens for s in running), np.int64, len(running))
+        left = np.fromiter((self.output_tokens[s.request_id] - s.num_output_done for s in running),
+                           np.int64, len(running))
+        q = pos % B
+        quiet = np.where((q >= 1) & (q <= B - 2), B - 1 - q, 0)
+        k = int(min(quiet.min(), (left - 1).min()))
+        if k <= 0:
+            return
+        cm = self.cost
+        nseq = len(running)
+        ctx0 = int(pos.sum()) + nseq
+        per_step = cm.a_s + cm.c_s_per_decode_seq * nseq + cm.d_s_per_context_token * ctx0
+        steps = np.arange(1, k + 1, dtype=np.float64)
+        cum = steps * per_step + cm.d_s_per_context_token * nseq * steps * (steps - 1) / 2
+        if self._next_arrival < len(self.arrival_s):
+            # Stop at the first step boundary at or after the next arrival: it may be admitted.
+            wait = self.arrival_s[self._next_arrival] - self.env.now
+            k = min(k, int(np.searchsorted(cum, wait, side="left")) + 1)
+        self.num_events += 1
+        yield self.env.timeout(cum[k - 1])
+        self.num_steps += k
+        for s in running:
+            s.num_computed_tokens += k
+            s.num_output_done += k
+
+    def _record_occupancy(self, now: float) -> None:
+        occ = self.pool.occupancy
+        if not np.array_equal(occ, self._occ[-1]):
+            self._occ_t.append(now)
+            self._occ.append(occ.copy())
+
+    # ------------------------------------------------------------------ results
+    def run(self) -> RunResult:
+        """Simulate the whole trace; returns the records and run-level state."""
+        self.env.process(self._arrivals())
+        done = self.env.process(self._engine())
+        self.env.run(until=done)
+        return RunResult(records=self.records(), groups=self.groups,
+                         occupancy_t=np.asarray(self._occ_t), occupancy=np.vstack(self._occ),
+                         evictions=self.pool.evictions.copy(), num_steps=self.num_steps,
+                         num_events=self.num_events, policy_stats=self.pool.policy.stats())
+
+    def records(self) -> pd.DataFrame:
+        """Per-request records: arrival, identity, tokens, new blocks, TTFT, latency, preemptions."""
+        df = self.trace.requests
+        return pd.DataFrame({
+            "request_id": df["request_id"].to_numpy(np.int64),
+            "arrival_s": self.arrival_s,
+            "group": df["group"].astype(str).to_numpy(),
+            "contract": df["contract"].astype(str).to_numpy(),
+            "role": df["role"].astype(str).to_numpy(),
+            "prefix_id": self.prefix_id,
+            "measured": df["measured"].to_numpy(bool),
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "new_tokens": self.prompt_tokens - self.cached_tokens,
+            "new_blocks": self.num_new_blocks,
+            "output_tokens": self.output_tokens,
+            "hit_fraction": self.cached_tokens / self.prompt_tokens,
+            "ttft_s": self.first_token_s - self.arrival_s,
+            "e2e_s": self.finish_s - self.arrival_s,
+            "preemptions": self.num_preemptions,
+        })

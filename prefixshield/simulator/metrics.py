@@ -1,0 +1,118 @@
+"""Run summaries and paired statistics over per-request records (DESIGN §8).
+
+Populations: attack traces are judged by their *measured victim* requests; traces without a
+victim role by all measured requests. ``hit_fraction`` is vLLM's: cached tokens at first
+scheduling / prompt tokens. TTFT is first-token time minus arrival, in seconds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from prefixshield.simulator.engine import RunResult
+
+
+def population(records: pd.DataFrame) -> pd.DataFrame:
+    """The measured requests a run is judged by: victims if the trace has any, else all."""
+    measured = records[records["measured"]]
+    victims = measured[measured["role"] == "victim"]
+    return victims if len(victims) else measured
+
+
+def _p(x: pd.Series, q: float) -> float:
+    x = x.dropna()
+    return float(np.percentile(x, q)) if len(x) else float("nan")
+
+
+def summarize(result: RunResult) -> dict:
+    """Headline numbers of one run.
+
+    Returns a dict with ``population`` (``victim`` or ``all``), ``requests``, ``hit_ratio`` (mean
+    hit fraction), ``p50_ttft_s``, ``p95_ttft_s``, ``mean_e2e_s``, ``preemptions``,
+    ``evictions`` (cached blocks reclaimed), ``sim_steps`` and ``sim_events``.
+    """
+    rec = result.records
+    pop = population(rec)
+    return {
+        "population": "victim" if (pop["role"] == "victim").any() else "all",
+        "requests": int(len(pop)),
+        "hit_ratio": float(pop["hit_fraction"].mean()) if len(pop) else float("nan"),
+        "p50_ttft_s": _p(pop["ttft_s"], 50),
+        "p95_ttft_s": _p(pop["ttft_s"], 95),
+        "mean_e2e_s": float(pop["e2e_s"].mean()) if len(pop) else float("nan"),
+        "preemptions": int(rec["preemptions"].sum()),
+        "evictions": int(result.evictions.sum()),
+        "sim_steps": int(result.num_steps),
+        "sim_events": int(result.num_events),
+    }
+
+
+def occupancy_frame(result: RunResult) -> pd.DataFrame:
+    """Occupancy over time, long form: ``t_s, group, blocks`` (a row per change per group)."""
+    t = np.repeat(result.occupancy_t, len(result.groups))
+    g = np.tile(np.asarray(result.groups, dtype=object), len(result.occupancy_t))
+    return pd.DataFrame({"t_s": t, "group": g, "blocks": result.occupancy.reshape(-1)})
+
+
+def group_table(result: RunResult) -> pd.DataFrame:
+    """Per-group view: measured requests, hit ratio, TTFT percentiles, blocks created, occupancy
+    (peak, and time-weighted mean over the measured window), evictions caused and suffered."""
+    rec = result.records
+    measured = rec[rec["measured"]]
+    t = result.occupancy_t
+    occ = result.occupancy
+    start = float(measured["arrival_s"].min()) if len(measured) else 0.0
+    end = float(np.nanmax(rec["arrival_s"].to_numpy() + rec["e2e_s"].fillna(0).to_numpy())) \
+        if len(rec) else 0.0
+    rows = []
+    for gi, g in enumerate(result.groups):
+        m = measured[measured["group"] == g]
+        role = rec.loc[rec["group"] == g, "role"].iloc[0] if (rec["group"] == g).any() else ""
+        rows.append({
+            "group": g,
+            "role": role,
+            "requests": int(len(m)),
+            "hit_ratio": float(m["hit_fraction"].mean()) if len(m) else float("nan"),
+            "p50_ttft_s": _p(m["ttft_s"], 50),
+            "p95_ttft_s": _p(m["ttft_s"], 95),
+            "new_blocks": int(rec.loc[rec["group"] == g, "new_blocks"].sum()),
+            "peak_blocks": int(occ[:, gi].max()) if len(occ) else 0,
+            "mean_blocks": _time_weighted_mean(t, occ[:, gi], start, end),
+            "evictions_caused": int(result.evictions[gi, :].sum()),
+            "evictions_suffered": int(result.evictions[:, gi].sum()),
+        })
+    return pd.DataFrame(rows)
+
+
+def _time_weighted_mean(t: np.ndarray, v: np.ndarray, start: float, end: float) -> float:
+    """Mean of the step function ``v`` (value v[i] from t[i] on) over ``[start, end]``."""
+    if end <= start:
+        return float(v[-1]) if len(v) else float("nan")
+    edges = np.clip(np.append(t, end), start, end)
+    widths = np.diff(edges)
+    return float(np.sum(widths * v) / (end - start))
+
+
+def eviction_matrix(result: RunResult) -> pd.DataFrame:
+    """Cached blocks reclaimed: rows = requesting group, columns = owner of the evicted block."""
+    return pd.DataFrame(result.evictions, index=pd.Index(result.groups, name="requester"),
+                        columns=pd.Index(result.groups, name="owner"))
+
+
+def paired_difference(a: np.ndarray, b: np.ndarray, n_resamples: int = 10_000,
+                      seed: int = 0, confidence: float = 0.95) -> dict:
+    """Mean of run-level paired differences ``a - b`` with a percentile bootstrap CI.
+
+    ``a[i]`` and ``b[i]`` come from the same trace (seed i). Fixed bootstrap seed: deterministic.
+    """
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    if d.size < 2 or np.all(d == d[0]):
+        return {"mean_diff": float(d.mean()) if d.size else float("nan"),
+                "ci_low": float(d.min()) if d.size else float("nan"),
+                "ci_high": float(d.max()) if d.size else float("nan"), "runs": int(d.size)}
+    res = stats.bootstrap((d,), np.mean, n_resamples=n_resamples, confidence_level=confidence,
+                          method="percentile", random_state=np.random.default_rng(seed))
+    return {"mean_diff": float(d.mean()), "ci_low": float(res.confidence_interval.low),
+            "ci_high": float(res.confidence_interval.high), "runs": int(d.size)}

@@ -1,0 +1,22 @@
+"""Traces: the request schema, workload generators, importers of public traces, Parquet I/O.
+
+- :mod:`.schema`: ``Trace``, ``TRACE_COLUMNS``, ``TraceError``.
+- :mod:`.contracts`: ``Contract``, ``DEFAULT_CONTRACTS``.
+- :mod:`.segments`: segment-id namespaces per (group, kind).
+- :mod:`.tokens`: deterministic token ids of segments (numba; imported on demand).
+- :mod:`.generators`: ``WORKLOADS`` (name -> generator), params dataclasses, ``generate``.
+- :mod:`.importers`: ``import_mooncake``, ``import_sharegpt``, ``import_azure``.
+- :mod:`.io`: ``write_trace``, ``read_trace``.
+"""
+
+from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
+from prefixshield.traces.generators import WORKLOADS, generate, make_params
+from prefixshield.traces.importers import import_azure, import_mooncake, import_sharegpt
+from prefixshield.traces.io import read_trace, write_trace
+from prefixshield.traces.schema import TRACE_COLUMNS, Trace, TraceError
+
+__all__ = [
+    "Contract", "DEFAULT_CONTRACTS", "TRACE_COLUMNS", "Trace", "TraceError", "WORKLOADS",
+    "generate", "import_azure", "import_mooncake", "import_sharegpt", "make_params",
+    "read_trace", "write_trace",
+]

@@ -1,0 +1,51 @@
+"""Small builders shared by the tests (vLLM's test style: make_request, make_pool)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from prefixshield.policies import make_policy
+from prefixshield.simulator.blockpool import BlockPool
+from prefixshield.simulator.kvcache import KVCacheManager, Sequence, make_sequence
+from prefixshield.traces.schema import Trace
+
+
+def make_manager(num_blocks: int = 10, block_size: int = 16, compat: str = "current",
+                 policy: str = "lru", num_groups: int = 4) -> KVCacheManager:
+    """A cache manager over a fresh pool and policy."""
+    pool = BlockPool(num_blocks, make_policy(policy, num_blocks, vllm_compat=compat), num_groups)
+    return KVCacheManager(pool, block_size)
+
+
+def make_request(request_id: int, token_ids, group: int = 0, block_size: int = 16,
+                 num_prompt_tokens: int | None = None) -> Sequence:
+    """A sequence whose prompt is ``token_ids`` (all of them unless ``num_prompt_tokens``)."""
+    toks = np.asarray(token_ids, dtype=np.int64)
+    n = toks.shape[0] if num_prompt_tokens is None else num_prompt_tokens
+    return make_sequence(request_id, group, 0, 0, toks, n, block_size, hash_seed=0)
+
+
+def schedule(manager: KVCacheManager, seq: Sequence, now: float = 0.0) -> tuple[np.ndarray, int]:
+    """Look up and allocate the whole prompt (as one admission); returns (hit blocks, cached tokens).
+
+    Marks the prompt computed, like the engine does at the end of the step."""
+    hits, cached = manager.get_computed_blocks(seq)
+    ok = manager.allocate_slots(seq, seq.num_tokens - cached, now, hits)
+    assert ok, "allocation unexpectedly failed"
+    seq.num_computed_tokens = seq.num_tokens
+    return hits, cached
+
+
+def make_trace(rows: list[dict], seed: int = 0) -> Trace:
+    """A validated trace from row dicts; unspecified columns get simple defaults."""
+    full = []
+    for i, r in enumerate(rows):
+        d = {"request_id": i, "arrival_s": 0.0, "group": "g0", "contract": "standard",
+             "role": "benign", "prefix_id": 0, "measured": True, "output_tokens": 1,
+             "output_segment_id": -1}
+        d.update(r)
+        d["segment_ids"] = np.asarray(d["segment_ids"], dtype=np.int64)
+        d["segment_lengths"] = np.asarray(d["segment_lengths"], dtype=np.int64)
+        full.append(d)
+    return Trace(pd.DataFrame(full), seed=seed).validate()

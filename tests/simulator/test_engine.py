@@ -1,0 +1,116 @@
+"""Engine timing and scheduling against values computed by hand from a simple profile."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from helpers import make_trace
+from prefixshield.policies import make_policy
+from prefixshield.simulator.config import EngineConfig
+from prefixshield.simulator.costmodel import CostModel
+from prefixshield.simulator.engine import Engine, EngineError
+
+# 10 ms per step plus 1 ms per prefill token; decode and attention free unless a test says so.
+SIMPLE = CostModel(a_s=0.010, b_s_per_prefill_token=0.001, c_s_per_decode_seq=0.0,
+                   d_s_per_context_token=0.0)
+
+
+def run(rows, cost=SIMPLE, coalesce=True, **cfg):
+    config = EngineConfig(check_invariants=True, **cfg)
+    engine = Engine(make_trace(rows), make_policy("lru", config.num_blocks, config.vllm_compat),
+                    cost, config, coalesce_decode=coalesce)
+    return engine.run()
+
+
+def test_single_prefill_ttft_is_one_step():
+    r = run([dict(segment_ids=[1], segment_lengths=[64])])
+    assert r.records["ttft_s"].iloc[0] == pytest.approx(0.010 + 0.064)
+
+
+def test_two_prompts_share_one_step():
+    r = run([dict(segment_ids=[1], segment_lengths=[64]),
+             dict(segment_ids=[2], segment_lengths=[64])])
+    assert list(r.records["ttft_s"]) == pytest.approx([0.138, 0.138])
+
+
+def test_token_budget_queues_the_second_prompt():
+    r = run([dict(segment_ids=[1], segment_lengths=[64]),
+             dict(segment_ids=[2], segment_lengths=[64])], max_num_batched_tokens=64)
+    assert list(r.records["ttft_s"]) == pytest.approx([0.074, 0.148])
+
+
+def test_chunked_prefill_splits_a_prompt_over_steps():
+    r = run([dict(segment_ids=[1], segment_lengths=[64])], max_num_batched_tokens=32)
+    assert r.records["ttft_s"].iloc[0] == pytest.approx(2 * (0.010 + 0.032))
+
+
+def test_prefix_hit_skips_cached_blocks():
+    r = run([dict(segment_ids=[1], segment_lengths=[64]),
+             dict(segment_ids=[1], segment_lengths=[64], arrival_s=1.0)])
+    rec = r.records
+    assert list(rec["cached_tokens"]) == [0, 48]  # n-1 rule: 3 of 4 blocks
+    assert rec["ttft_s"].iloc[1] == pytest.approx(0.010 + 0.016)
+    assert list(rec["hit_fraction"]) == pytest.approx([0.0, 0.75])
+
+
+def test_arrival_waits_for_the_running_step():
+    # B arrives mid-way through A's prefill step and is scheduled at the next step boundary.
+    r = run([dict(segment_ids=[1], segment_lengths=[64]),
+             dict(segment_ids=[2], segment_lengths=[64], arrival_s=0.05)])
+    assert r.records["ttft_s"].iloc[1] == pytest.approx(0.074 + 0.074 - 0.05)
+
+
+@pytest.mark.parametrize("coalesce", [True, False])
+def test_decode_steps_sum_by_hand(coalesce):
+    cost = CostModel(a_s=0.010, b_s_per_prefill_token=0.001, c_s_per_decode_seq=0.002,
+                     d_s_per_context_token=1e-5)
+    L, out = 40, 50
+    r = run([dict(segment_ids=[1], segment_lengths=[L], output_tokens=out)], cost=cost,
+            coalesce=coalesce)
+    prefill = 0.010 + 0.001 * L + 1e-5 * L
+    decode = sum(0.010 + 0.002 + 1e-5 * (L + j) for j in range(1, out))
+    assert r.records["ttft_s"].iloc[0] == pytest.approx(prefill)
+    assert r.records["e2e_s"].iloc[0] == pytest.approx(prefill + decode)
+    if coalesce:
+        assert r.num_events < r.num_steps
+
+
+def test_preemption_frees_the_last_admitted_and_recomputes_with_hits():
+    # 8 usable blocks of 16 tokens. Both prompts take 2 blocks; decoding 100 tokens each needs
+    # 8 blocks per request: the later one is preempted, and on return hits its cached blocks.
+    rows = [dict(segment_ids=[1], segment_lengths=[20], output_tokens=100),
+            dict(segment_ids=[2], segment_lengths=[20], output_tokens=100)]
+    r = run(rows, num_blocks=9)
+    rec = r.records
+    assert rec["preemptions"].iloc[0] == 0
+    assert rec["preemptions"].iloc[1] >= 1
+    assert rec["e2e_s"].notna().all()
+    assert rec["e2e_s"].iloc[1] > rec["e2e_s"].iloc[0]
+
+
+def test_request_larger_than_the_pool_is_an_error_naming_it():
+    with pytest.raises(EngineError, match=r"request 0 .* needs 200 tokens"):
+        run([dict(segment_ids=[1], segment_lengths=[199])], num_blocks=5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 2), st.integers(0, 3), st.integers(1, 120),
+                          st.integers(1, 60)), min_size=1, max_size=12),
+       st.sampled_from(["0.10", "current"]), st.integers(12, 40))
+def test_coalesced_decode_matches_step_by_step(reqs, compat, num_blocks):
+    reqs = sorted(reqs)
+    rows = [dict(arrival_s=t, segment_ids=[p, 100 + i], segment_lengths=[64, n],
+                 output_tokens=o, group=f"g{p % 2}")
+            for i, (t, p, n, o) in enumerate(reqs)]
+    cost = CostModel(0.01, 0.0005, 0.001, 1e-6)
+    try:
+        a = run(rows, cost=cost, coalesce=True, num_blocks=num_blocks, vllm_compat=compat)
+    except EngineError:
+        return
+    b = run(rows, cost=cost, coalesce=False, num_blocks=num_blocks, vllm_compat=compat)
+    for col in ("cached_tokens", "preemptions", "new_blocks"):
+        assert np.array_equal(a.records[col], b.records[col]), col
+    for col in ("ttft_s", "e2e_s"):
+        assert np.allclose(a.records[col], b.records[col], rtol=1e-9, atol=1e-12), col
+    assert np.array_equal(a.evictions, b.evictions)
+    assert a.num_steps == b.num_steps
