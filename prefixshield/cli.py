@@ -8,6 +8,7 @@ never a traceback.
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from rich.table import Table
 
 from prefixshield import __version__
 
-console = Console()
+# Piped output (CI logs, files) gets a wide fixed width so tables are not squeezed to 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 # Errors that are the user's input, not our bugs: shown as one line.
 _USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, FileNotFoundError,
@@ -254,7 +256,7 @@ def trace_inspect(path, block_size):
     lens = tr.prompt_lengths()
     dur = float(df["arrival_s"].max() - df["arrival_s"].min()) if len(df) else 0.0
     console.print(f"[bold]{path}[/]: {len(df)} requests over {dur:.1f} s, seed {tr.seed}, "
-                  f"vocab {tr.vocab_size}; meta: {tr.meta.get('generator') or tr.meta.get('importer') or '-'}")
+                  f"vocab {tr.vocab_size}; meta: {tr.meta.get('workload') or tr.meta.get('importer') or '-'}")
     table = Table()
     for col in ("group", "contract", "role", "requests", "measured", "rate (req/s)",
                 "mean prompt (tokens)", f"mean prompt (blocks of {block_size})",

@@ -1,0 +1,531 @@
+"""Importers: external traces onto the trace schema.
+
+- :func:`import_mooncake`: Mooncake JSONL (``timestamp`` ms, ``input_length``, ``output_length``,
+  ``hash_ids`` at 512-token granularity).
+- :func:`import_sharegpt`: ShareGPT JSON conversations -> multi-turn requests.
+- :func:`import_azure`: Azure LLM inference CSV (``TIMESTAMP``, ``ContextTokens``,
+  ``GeneratedTokens``).
+
+Every malformed record raises :class:`~prefixshield.traces.schema.TraceError` naming the file,
+the line number and the field; no record is ever skipped silently. Groups: ``groups`` lists the
+group names, or ``num_groups`` asks for :func:`group_names` (default: one group ``"default"``);
+records (conversations for ShareGPT) are assigned round-robin over them in file order (``assign="prefix"`` for Mooncake: by ``prefix_id % len(groups)``, keeping requests with a
+shared first block in one group, since groups never share cache blocks).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from prefixshield.traces.generators import RequestRows, add_conversations, cap_turns
+from prefixshield.traces.schema import DEFAULT_VOCAB_SIZE, ROLES, Trace, TraceError
+from prefixshield.traces.segments import LOCAL_BITS, SegmentKind, segment_ids
+
+MOONCAKE_BLOCK_TOKENS = 512
+"""Tokens per Mooncake ``hash_ids`` entry."""
+
+USER_ROLES = frozenset({"human", "user", "system"})
+"""ShareGPT ``from`` values whose text is prompt-side (system text joins the user turn)."""
+ASSISTANT_ROLES = frozenset({"gpt", "chatgpt", "bard", "bing", "assistant", "model"})
+"""ShareGPT ``from`` values whose text the model generated."""
+
+
+def group_names(num_groups: int) -> list[str]:
+    """Default group names: ``["default"]`` for one group, else ``group0 .. group{n-1}``."""
+    if num_groups < 1:
+        raise ValueError(f"num_groups must be >= 1, got {num_groups}")
+    return ["default"] if num_groups == 1 else [f"group{i}" for i in range(num_groups)]
+
+
+def _check_common(path: Path, groups: Sequence[str] | None, num_groups: int | None, role: str,
+                  time_scale: float) -> list[str]:
+    if not path.exists():
+        raise TraceError(f"{path}: no such file")
+    if not path.is_file():
+        raise TraceError(f"{path}: not a file")
+    if groups is None:
+        groups = group_names(1 if num_groups is None else num_groups)
+    elif num_groups is not None and num_groups != (1 if isinstance(groups, str) else len(groups)):
+        raise ValueError(f"num_groups={num_groups} contradicts groups={groups!r}")
+    groups = [groups] if isinstance(groups, str) else list(groups)
+    if not groups or len(set(groups)) != len(groups):
+        raise ValueError(f"groups must be a non-empty list of distinct names, got {groups!r}")
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {'|'.join(ROLES)}, got {role!r}")
+    if not time_scale > 0:
+        raise ValueError(f"time_scale must be > 0, got {time_scale}")
+    return groups
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return (isinstance(x, (int, float)) and not isinstance(x, bool)
+            and math.isfinite(x))
+
+
+# --------------------------------------------------------------------------------------------
+# Mooncake
+# --------------------------------------------------------------------------------------------
+
+def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = None,
+                    num_groups: int | None = None,
+                    assign: str = "round_robin", contract: str = "standard",
+                    role: str = "benign", block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+                    seed: int = 0, vocab_size: int = DEFAULT_VOCAB_SIZE,
+                    time_scale: float = 1.0, warmup_s: float = 0.0,
+                    limit: int | None = None) -> Trace:
+    """Import a Mooncake JSONL trace.
+
+    Each line ``{"timestamp": ms, "input_length": tokens, "output_length": tokens,
+    "hash_ids": [...]}`` becomes one request: hash id ``h`` becomes segment ``h`` of
+    ``block_tokens`` tokens, the last one shortened so the prompt has exactly ``input_length``
+    tokens (segment token ids are prefix-consistent, so a shortened block is a prefix of the
+    full one). ``prefix_id`` = the first hash id.
+
+    Args:
+        path: the JSONL file; blank lines are allowed and ignored.
+        groups: group names (None: :func:`group_names` of ``num_groups``); see ``assign``.
+        num_groups: number of groups when ``groups`` is None (default 1: ``"default"``).
+        assign: ``"round_robin"`` over lines, or ``"prefix"`` (``prefix_id % len(groups)``).
+        contract, role: of every request.
+        block_tokens: tokens per hash id (512 in every Mooncake release).
+        seed, vocab_size: token seed and vocabulary of the trace.
+        time_scale: arrival_s = (timestamp - first timestamp) / 1000 * time_scale (seconds).
+        warmup_s: requests arriving before this are unmeasured.
+        limit: import only the first ``limit`` records.
+
+    Raises:
+        TraceError: ``<file>: line N: field F: ...`` for a malformed record: invalid JSON, a
+            missing or ill-typed field, ``input_length`` inconsistent with ``hash_ids``
+            (needs ``(len-1)*block_tokens < input_length <= len*block_tokens``), or a hash id
+            outside ``[0, 2**40)``. Records out of timestamp order are sorted stably.
+    """
+    path = Path(path)
+    groups = _check_common(path, groups, num_groups, role, time_scale)
+    if assign not in ("round_robin", "prefix"):
+        raise ValueError(f"assign must be 'round_robin' or 'prefix', got {assign!r}")
+    ts, inp, out, hashes, lines = [], [], [], [], []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if limit is not None and len(ts) >= limit:
+                break
+            if not line.strip():
+                continue
+            where = f"{path}: line {lineno}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise TraceError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") \
+                    from None
+            if not isinstance(rec, dict):
+                raise TraceError(f"{where}: record must be a JSON object, got "
+                                 f"{type(rec).__name__}")
+            for key in ("timestamp", "input_length", "output_length", "hash_ids"):
+                if key not in rec:
+                    raise TraceError(f"{where}: field {key}: missing")
+            t = rec["timestamp"]
+            if not _is_number(t) or t < 0:
+                raise TraceError(f"{where}: field timestamp: expected a number >= 0 (ms), "
+                                 f"got {t!r}")
+            for key in ("input_length", "output_length"):
+                if not _is_int(rec[key]) or rec[key] < 1:
+                    raise TraceError(f"{where}: field {key}: expected an integer >= 1, "
+                                     f"got {rec[key]!r}")
+            h = rec["hash_ids"]
+            if not isinstance(h, list) or not h:
+                raise TraceError(f"{where}: field hash_ids: expected a non-empty list, got {h!r}")
+            for j, x in enumerate(h):
+                if not _is_int(x) or not 0 <= x < (1 << LOCAL_BITS):
+                    raise TraceError(f"{where}: field hash_ids[{j}]: expected an integer in "
+                                     f"[0, 2**{LOCAL_BITS}), got {x!r}")
+            n = len(h)
+            L = rec["input_length"]
+            if not (n - 1) * block_tokens < L <= n * block_tokens:
+                raise TraceError(f"{where}: field input_length: {L} tokens does not match "
+                                 f"{n} hash_ids of {block_tokens} tokens (expected "
+                                 f"{(n - 1) * block_tokens + 1}..{n * block_tokens})")
+            ts.append(float(t))
+            inp.append(L)
+            out.append(rec["output_length"])
+            hashes.append(np.asarray(h, dtype=np.int64))
+            lines.append(lineno)
+    if not ts:
+        raise TraceError(f"{path}: no records")
+    t_ms = np.asarray(ts)
+    arrival = (t_ms - t_ms.min()) / 1000.0 * time_scale
+    order = np.argsort(arrival, kind="stable")
+    resorted = bool(np.any(order != np.arange(len(order))))
+    rows = RequestRows()
+    for i in order:
+        h = hashes[i]
+        lens = np.full(len(h), block_tokens, dtype=np.int64)
+        lens[-1] = inp[i] - (len(h) - 1) * block_tokens
+        prefix_id = int(h[0])
+        g = groups[(i if assign == "round_robin" else prefix_id) % len(groups)]
+        rows.add([arrival[i]], g, contract, role, prefix_id, arrival[i] >= warmup_s, out[i],
+                 [h], [lens])
+    meta = {"importer": "mooncake", "source": path.name, "records": len(ts),
+            "groups": groups, "assign": assign, "contract": contract, "role": role,
+            "block_tokens": block_tokens, "time_scale": time_scale, "warmup_s": warmup_s,
+            "limit": limit, "resorted": resorted}
+    return rows.finish(seed, vocab_size, meta)
+
+
+# --------------------------------------------------------------------------------------------
+# Azure
+# --------------------------------------------------------------------------------------------
+
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+
+
+def import_azure(path: str | os.PathLike, *, groups: Sequence[str] | None = None,
+                 num_groups: int | None = None, contract: str = "standard", role: str = "benign",
+                 system_prompt_tokens: int = 0, seed: int = 0,
+                 vocab_size: int = DEFAULT_VOCAB_SIZE, time_scale: float = 1.0,
+                 warmup_s: float = 0.0, limit: int | None = None) -> Trace:
+    """Import an Azure LLM inference trace (CSV ``TIMESTAMP,ContextTokens,GeneratedTokens``).
+
+    Arrivals are seconds after the earliest timestamp (times ``time_scale``). Each prompt has
+    ``ContextTokens`` tokens: its first ``min(system_prompt_tokens, ContextTokens)`` tokens are
+    the group's shared system-prompt segment (when ``system_prompt_tokens > 0``; a shorter
+    prompt uses a prefix of it), the rest a unique segment. ``output_tokens`` =
+    ``GeneratedTokens``. prefix_id = 0 (the system prompt) when ``system_prompt_tokens > 0``,
+    else the record index. Requests are assigned round-robin (in file order) to ``groups``, or
+    to :func:`group_names` of ``num_groups`` (default: the single group ``"default"``).
+
+    Raises:
+        TraceError: ``<file>: line N: field F: ...`` for a missing column, a row with the wrong
+            number of fields, an unparsable timestamp, or a token count that is not an integer
+            >= 1. Rows out of timestamp order are sorted stably.
+    """
+    path = Path(path)
+    groups = _check_common(path, groups, num_groups, role, time_scale)
+    if system_prompt_tokens < 0:
+        raise ValueError(f"system_prompt_tokens must be >= 0, got {system_prompt_tokens}")
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f)
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise TraceError(f"{path}: line 1: empty file, expected header "
+                             f"{','.join(AZURE_COLUMNS)}") from None
+        except csv.Error as e:
+            raise TraceError(f"{path}: line 1: not CSV ({e})") from None
+        header = [h.strip() for h in header]
+        for c in AZURE_COLUMNS:
+            if c not in header:
+                raise TraceError(f"{path}: line 1: field {c}: missing column (header: "
+                                 f"{','.join(header)})")
+        col = {c: header.index(c) for c in AZURE_COLUMNS}
+        raw: dict[str, list[str]] = {c: [] for c in AZURE_COLUMNS}
+        lines: list[int] = []
+        try:
+            for row in reader:
+                if limit is not None and len(lines) >= limit:
+                    break
+                lineno = reader.line_num
+                if not row or all(not x.strip() for x in row):
+                    continue
+                if len(row) != len(header):
+                    raise TraceError(f"{path}: line {lineno}: expected {len(header)} fields, "
+                                     f"got {len(row)}")
+                for c in AZURE_COLUMNS:
+                    raw[c].append(row[col[c]].strip())
+                lines.append(lineno)
+        except csv.Error as e:
+            raise TraceError(f"{path}: line {reader.line_num}: not CSV ({e})") from None
+    if not lines:
+        raise TraceError(f"{path}: no records")
+    line_no = np.asarray(lines)
+    stamps = pd.to_datetime(pd.Series(raw["TIMESTAMP"]), format="ISO8601", errors="coerce")
+    bad = np.flatnonzero(stamps.isna().to_numpy())
+    if bad.size:
+        i = int(bad[0])
+        raise TraceError(f"{path}: line {line_no[i]}: field TIMESTAMP: expected a date-time like "
+                         f"2023-11-16 18:15:46.6805900, got {raw['TIMESTAMP'][i]!r}")
+    tokens = {}
+    for c in ("ContextTokens", "GeneratedTokens"):
+        v = pd.to_numeric(pd.Series(raw[c]), errors="coerce").to_numpy(dtype=np.float64)
+        bad = np.flatnonzero(~np.isfinite(v) | (v < 1) | (v != np.floor(v)))
+        if bad.size:
+            i = int(bad[0])
+            raise TraceError(f"{path}: line {line_no[i]}: field {c}: expected an integer >= 1, "
+                             f"got {raw[c][i]!r}")
+        tokens[c] = v.astype(np.int64)
+    ns = stamps.to_numpy(dtype="datetime64[ns]").astype(np.int64)
+    arrival = (ns - ns.min()) / 1e9 * time_scale
+    order = np.argsort(arrival, kind="stable")
+    resorted = bool(np.any(order != np.arange(len(order))))
+    ctx, gen = tokens["ContextTokens"], tokens["GeneratedTokens"]
+    rows = RequestRows()
+    gidx = np.arange(len(ctx)) % len(groups)
+    for gi, g in enumerate(groups):
+        sel = order[gidx[order] == gi]
+        if not sel.size:
+            continue
+        uniq = segment_ids(gi, SegmentKind.SUFFIX, sel)
+        sys_seg = int(segment_ids(gi, SegmentKind.SYSTEM, [0])[0])
+        ids, lens = [], []
+        for j, i in enumerate(sel):
+            c = int(ctx[i])
+            s = min(system_prompt_tokens, c)
+            if s > 0 and c > s:
+                ids.append([sys_seg, uniq[j]])
+                lens.append([s, c - s])
+            elif s > 0:
+                ids.append([sys_seg])
+                lens.append([s])
+            else:
+                ids.append([uniq[j]])
+                lens.append([c])
+        pid = np.zeros(len(sel), dtype=np.int64) if system_prompt_tokens > 0 else sel
+        rows.add(arrival[sel], g, contract, role, pid, arrival[sel] >= warmup_s, gen[sel],
+                 ids, lens)
+    meta = {"importer": "azure", "source": path.name, "records": len(lines), "groups": groups,
+            "contract": contract, "role": role, "system_prompt_tokens": system_prompt_tokens,
+            "time_scale": time_scale, "warmup_s": warmup_s, "limit": limit,
+            "resorted": resorted}
+    return rows.finish(seed, vocab_size, meta)
+
+
+# --------------------------------------------------------------------------------------------
+# ShareGPT
+# --------------------------------------------------------------------------------------------
+
+_WS = re.compile(r"\s*")
+_CHUNK_ID = re.compile(r"^(.*)_(\d+)$")
+
+
+def _iter_json_array(text: str, path: Path):
+    """Yield ``(index, line, column, record)`` for the elements of a top-level JSON array."""
+    dec = json.JSONDecoder()
+
+    def fail(pos: int, msg: str):
+        line = text.count("\n", 0, pos) + 1
+        col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+        raise TraceError(f"{path}: line {line} column {col}: {msg}")
+
+    pos = _WS.match(text, 0).end()
+    if pos >= len(text) or text[pos] != "[":
+        fail(pos, "expected a JSON array of conversation records")
+    pos = _WS.match(text, pos + 1).end()
+    if pos < len(text) and text[pos] == "]":
+        return
+    line, line_start, scanned = 1, 0, 0
+    index = 0
+    while True:
+        nl = text.count("\n", scanned, pos)
+        if nl:
+            line += nl
+            line_start = text.rfind("\n", scanned, pos) + 1
+        scanned = pos
+        try:
+            rec, end = dec.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{path}: line {e.lineno} column {e.colno}: record {index}: "
+                             f"not valid JSON ({e.msg})") from None
+        yield index, line, pos - line_start + 1, rec
+        index += 1
+        pos = _WS.match(text, end).end()
+        if pos < len(text) and text[pos] == ",":
+            pos = _WS.match(text, pos + 1).end()
+            continue
+        if pos < len(text) and text[pos] == "]":
+            if text[pos + 1:].strip():
+                fail(pos + 1, "unexpected data after the JSON array")
+            return
+        fail(pos, "expected ',' or ']' after a record")
+
+
+def estimate_tokens(text: str, chars_per_token: float = 4.0) -> int:
+    """Estimated tokens of ``text``: ``max(1, ceil(len(text) / chars_per_token))``.
+
+    Four characters per token is the usual rule of thumb for English with BPE tokenizers; an
+    empty message still costs at least one token (chat templates add role markers).
+    """
+    return max(1, math.ceil(len(text) / chars_per_token))
+
+
+def parse_sharegpt(path: str | os.PathLike, *, chars_per_token: float = 4.0,
+                   limit: int | None = None) -> tuple[pd.DataFrame, dict[str, int]]:
+    """Per-turn token counts of a ShareGPT JSON file.
+
+    Records are ``{"id": str, "conversations": [{"from": role, "value": text}, ...]}``.
+    Consecutive records whose ids are ``<conv>_<k>`` with the same ``<conv>`` are chunks of one
+    conversation (ShareGPT's ``split_long_conversation``) and are joined in file order. Within
+    a conversation, messages map to sides (``USER_ROLES`` / ``ASSISTANT_ROLES``), consecutive
+    messages of one side merge, and a turn is (user tokens, assistant tokens). Assistant text
+    before any user message is folded into the first user prompt (it is context the model
+    sees); a trailing user message without a reply has no output and ends the conversation
+    (counted in the stats). Tokens per message: :func:`estimate_tokens`.
+
+    Args:
+        path: the JSON file (a top-level array).
+        chars_per_token: characters per token of the estimate.
+        limit: read only the first ``limit`` records.
+
+    Returns:
+        ``(turns, stats)``: turns has ``conversation`` (0-based, file order), ``source_id``
+        (``<conv>``), ``turn``, ``user_tokens``, ``assistant_tokens``; stats counts
+        ``records``, ``conversations``, ``turns``, ``empty_conversations`` (no complete turn)
+        and ``trailing_user_messages``.
+
+    Raises:
+        TraceError: ``<file>: line L column C: record i (id X): field F: ...`` for a record that
+            is not an object, lacks ``conversations`` (a list) or a string ``id``, or has a
+            message that is not an object with a known string ``from`` and a string ``value``.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise TraceError(f"{path}: no such file")
+    if not path.is_file():
+        raise TraceError(f"{path}: not a file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{path}: not UTF-8 text ({e})") from None
+    known = sorted(USER_ROLES | ASSISTANT_ROLES)
+    convs: list[tuple[str, list[tuple[bool, int]]]] = []
+    n_records = 0
+    for index, line, column, rec in _iter_json_array(text, path):
+        if limit is not None and index >= limit:
+            break
+        n_records += 1
+        where = f"{path}: line {line} column {column}: record {index}"
+        if not isinstance(rec, dict):
+            raise TraceError(f"{where}: expected an object, got {type(rec).__name__}")
+        rid = rec.get("id")
+        if not isinstance(rid, str):
+            raise TraceError(f"{where}: field id: expected a string, got {rid!r}")
+        where += f" (id {rid!r})"
+        msgs = rec.get("conversations")
+        if not isinstance(msgs, list):
+            raise TraceError(f"{where}: field conversations: expected a list, got "
+                             f"{type(msgs).__name__ if msgs is not None else 'nothing'}")
+        sides = []
+        for j, m in enumerate(msgs):
+            if not isinstance(m, dict):
+                raise TraceError(f"{where}: field conversations[{j}]: expected an object")
+            who, val = m.get("from"), m.get("value")
+            if not isinstance(who, str) or who not in USER_ROLES | ASSISTANT_ROLES:
+                raise TraceError(f"{where}: field conversations[{j}].from: expected one of "
+                                 f"{'|'.join(known)}, got {who!r}")
+            if not isinstance(val, str):
+                raise TraceError(f"{where}: field conversations[{j}].value: expected a string, "
+                                 f"got {type(val).__name__}")
+            sides.append((who in USER_ROLES, estimate_tokens(val, chars_per_token)))
+        mo = _CHUNK_ID.match(rid)
+        conv = mo.group(1) if mo else rid
+        if convs and mo and convs[-1][0] == conv and int(mo.group(2)) > 0:
+            convs[-1][1].extend(sides)
+        else:
+            convs.append((conv, sides))
+    out = {k: [] for k in ("conversation", "source_id", "turn", "user_tokens",
+                           "assistant_tokens")}
+    stats = {"records": n_records, "conversations": 0, "turns": 0, "empty_conversations": 0,
+             "trailing_user_messages": 0}
+    for conv, sides in convs:
+        turns: list[tuple[int, int]] = []
+        user = asst = 0
+        for is_user, tok in sides:
+            if is_user:
+                if asst:
+                    turns.append((user, asst))
+                    user = asst = 0
+                user += tok
+            elif user == 0 and not turns:
+                user += tok
+            else:
+                asst += tok
+        if asst:
+            turns.append((user, asst))
+        elif user:
+            stats["trailing_user_messages"] += 1
+        if not turns:
+            stats["empty_conversations"] += 1
+            continue
+        c = stats["conversations"]
+        for k, (u, a) in enumerate(turns):
+            out["conversation"].append(c)
+            out["source_id"].append(conv)
+            out["turn"].append(k)
+            out["user_tokens"].append(u)
+            out["assistant_tokens"].append(a)
+        stats["conversations"] += 1
+        stats["turns"] += len(turns)
+    df = pd.DataFrame(out).astype({"conversation": np.int64, "turn": np.int64,
+                                   "user_tokens": np.int64, "assistant_tokens": np.int64})
+    return df, stats
+
+
+def import_sharegpt(path: str | os.PathLike, *, groups: Sequence[str] | None = None,
+                    num_groups: int | None = None,
+                    contract: str = "standard", role: str = "benign",
+                    base_rate: float = 1.0, think_time_s: float = 10.0,
+                    min_think_time_s: float = 1.0, system_prompt_tokens: int = 0,
+                    max_conversation_tokens: int | None = None,
+                    chars_per_token: float = 4.0, seed: int = 0,
+                    vocab_size: int = DEFAULT_VOCAB_SIZE, warmup_s: float = 0.0,
+                    limit: int | None = None) -> Trace:
+    """Import ShareGPT JSON conversations as multi-turn requests (as the ``sharegpt`` workload).
+
+    Turns come from :func:`parse_sharegpt`. Every conversation is used once, in file order,
+    assigned to ``groups`` round-robin; conversation starts are Poisson at ``base_rate``
+    (conversations/s) and turn k+1 arrives ``min_think_time_s + Exponential(think_time_s)``
+    seconds after turn k (ShareGPT has no timestamps; both drawn from ``seed``). Turn k's
+    prompt = group system prompt (if ``system_prompt_tokens > 0``) + all earlier user and
+    assistant segments + the new user segment; it generates the turn's assistant segment
+    (``output_segment_id``; ``output_tokens`` = its length); prefix_id = conversation index.
+    ``max_conversation_tokens`` keeps each conversation's leading turns that fit (a
+    conversation whose first turn does not fit contributes no request; counted in meta).
+
+    Raises:
+        TraceError: for malformed records, see :func:`parse_sharegpt`.
+    """
+    path = Path(path)
+    groups = _check_common(path, groups, num_groups, role, 1.0)
+    if not base_rate > 0:
+        raise ValueError(f"base_rate must be > 0 conversations/s, got {base_rate}")
+    turns, stats = parse_sharegpt(path, chars_per_token=chars_per_token, limit=limit)
+    convs = []
+    dropped = 0
+    for _, g in turns.groupby("conversation", sort=True):
+        u = g["user_tokens"].to_numpy(np.int64)
+        a = g["assistant_tokens"].to_numpy(np.int64)
+        n = cap_turns(u, a, system_prompt_tokens, max_conversation_tokens)
+        if n == 0:
+            dropped += 1
+        convs.append((u[:n], a[:n]))
+    rng = np.random.default_rng([int(seed), 7])
+    starts = np.cumsum(rng.exponential(1.0 / base_rate, size=len(convs)))
+    n_turns = int(sum(len(u) for u, _ in convs))
+    gaps = min_think_time_s + (rng.exponential(think_time_s, size=n_turns)
+                               if think_time_s > 0 else np.zeros(n_turns))
+    rows = RequestRows()
+    n_rows = add_conversations(rows, convs=convs, starts=starts,
+                               group_of=np.arange(len(convs)) % len(groups), groups=groups,
+                               contract=contract, role=role,
+                               system_prompt_tokens=system_prompt_tokens, gaps=gaps,
+                               horizon_s=math.inf, warmup_s=warmup_s,
+                               conversation_ids=np.arange(len(convs)))
+    if n_rows == 0:
+        raise TraceError(f"{path}: no complete turn to import")
+    meta = {"importer": "sharegpt", "source": path.name, **stats, "requests": n_rows,
+            "conversations_over_cap": dropped, "groups": groups, "contract": contract,
+            "role": role, "base_rate": base_rate, "think_time_s": think_time_s,
+            "min_think_time_s": min_think_time_s, "system_prompt_tokens": system_prompt_tokens,
+            "max_conversation_tokens": max_conversation_tokens,
+            "chars_per_token": chars_per_token, "warmup_s": warmup_s, "limit": limit}
+    return rows.finish(seed, vocab_size, meta)

@@ -1,0 +1,68 @@
+"""The command line: a real run end to end, and one clear error line for every bad input."""
+
+import json
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from prefixshield.cli import main
+
+SMALL = ["--set", "duration_s=8"]
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_run_writes_records_summary_config_and_png(tmp_path):
+    out = tmp_path / "out"
+    r = invoke("run", "one_touch", "--policy", "all", *SMALL, "--out", out)
+    assert r.exit_code == 0, r.output
+    assert "lru" in r.output and "hit" in r.output
+    rec = pd.read_parquet(out / "lru" / "records.parquet")
+    assert {"ttft_s", "cached_tokens", "hit_fraction", "group", "role"} <= set(rec.columns)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["engine"]["num_blocks"] == 512 and cfg["profile"]["name"] == "l4-qwen2.5-1.5b"
+    assert cfg["trace"]["params"]["duration_s"] == 8.0
+    summary = pd.read_csv(out / "summary.csv")
+    assert list(summary["policy"]) == sorted(summary["policy"])
+    assert (out / "comparison.png").read_bytes()[:4] == b"\x89PNG"
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_trace_generate_then_run_the_file(tmp_path):
+    path = tmp_path / "t.parquet"
+    assert invoke("trace", "generate", "one_touch", path, *SMALL).exit_code == 0
+    r = invoke("trace", "inspect", path)
+    assert r.exit_code == 0 and "attacker" in r.output
+    r = invoke("run", path, "--policy", "lru")
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "no_such_workload"], "unknown workload 'no_such_workload'"),
+    (["run", "one_touch", "--policy", "fifo9"], "unknown policy 'fifo9'"),
+    (["run", "one_touch", "--profile", "tpu-none"], "unknown profile 'tpu-none'"),
+    (["run", "one_touch", "--blocks", "1"], "num_blocks must be >= 2"),
+    (["run", "one_touch", "--block-size", "0"], "block_size must be a positive integer"),
+    (["run", "one_touch", "--block-size", "1.5"], "'1.5' is not a valid integer"),
+    (["run", "one_touch", "--set", "nope=1"], "--set nope: unknown parameter"),
+    (["run", "one_touch", "--set", "duration_s=soon"], "--set duration_s: expected a number"),
+    (["run", "missing/trace.parquet"], "missing/trace.parquet"),
+])
+def test_bad_input_is_one_error_line_without_traceback(tmp_path, args, message):
+    out = tmp_path / "out"
+    r = invoke(*args, "--out", out)
+    assert r.exit_code != 0
+    assert message in r.output
+    assert "Traceback" not in r.output
+    assert sum(line.startswith("Error") for line in r.output.splitlines()) == 1
+    assert not out.exists()
+
+
+def test_unreadable_trace_file_names_the_file(tmp_path):
+    bad = tmp_path / "bad.parquet"
+    bad.write_text("this is not parquet")
+    r = invoke("run", bad)
+    assert r.exit_code != 0 and str(bad) in r.output and "Traceback" not in r.output

@@ -1,0 +1,8 @@
+"""Make ``_trace_helpers`` importable from the trace tests (pytest runs in importlib mode)."""
+
+import sys
+from pathlib import Path
+
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
