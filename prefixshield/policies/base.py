@@ -11,9 +11,11 @@ group and contract ids are small non-negative ints; ``now`` is seconds on the ac
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
+
+from prefixshield.traces.contracts import Contract
 
 COMPAT_MODES = ("0.10", "current")
 """vLLM free-queue semantics: ``"0.10"`` appends every freed block to the tail; ``"current"``
@@ -23,7 +25,8 @@ puts freed blocks that carry no hash at the head (they are reused first)."""
 class Policy(ABC):
     """Contract between the block pool and a replacement policy.
 
-    The pool calls, in vLLM's order:
+    Before anything else the driver calls :meth:`bind_tenants` once, naming the groups and
+    contracts whose ids later calls use. Then the pool calls, in vLLM's order:
 
     * :meth:`on_release` when blocks reach ref_cnt 0 (they become free candidates);
     * :meth:`on_acquire` when free cached blocks are taken back into use by a prefix hit;
@@ -45,6 +48,14 @@ class Policy(ABC):
             raise ValueError(f"vllm_compat must be one of {COMPAT_MODES}, got {vllm_compat!r}")
         self.num_blocks = int(num_blocks)
         self.vllm_compat = vllm_compat
+        self.groups: tuple[str, ...] = ()
+        self.contracts: tuple[Contract, ...] = ()
+
+    def bind_tenants(self, groups: Sequence[str], contracts: Sequence[Contract]) -> None:
+        """Name the accounting groups and contracts: id i of a later call is ``groups[i]`` /
+        ``contracts[i]``. Called once, before any block is allocated."""
+        self.groups = tuple(groups)
+        self.contracts = tuple(contracts)
 
     @abstractmethod
     def on_release(self, blocks: np.ndarray, cached: np.ndarray, now: float) -> None:
@@ -61,9 +72,11 @@ class Policy(ABC):
 
         The caller guarantees ``n <= available(requester)``."""
 
-    def on_materialize(self, blocks: np.ndarray, group: int, contract: int, prefix_id: int,
-                       now: float) -> None:
-        """``blocks`` are newly computed full blocks of one request of ``group``, now cached."""
+    def on_materialize(self, blocks: np.ndarray, hashes: np.ndarray, group: int, contract: int,
+                       prefix_id: int, now: float) -> None:
+        """``blocks`` are newly computed full blocks of one request of ``group``, now cached under
+        content keys ``hashes`` (uint64; the same content always has the same key, so a policy
+        with a ghost history can recognise returning content in a different block)."""
 
     def on_hit(self, blocks: np.ndarray, group: int, contract: int, prefix_id: int,
                now: float) -> None:
@@ -82,8 +95,12 @@ class Policy(ABC):
         """The free blocks in the order they would be reused (for tests and the live adapter)."""
 
     def stats(self) -> dict:
-        """Policy-specific counters (occupancy per class, debt, promotions, ...)."""
+        """Policy-specific counters (occupancy per class, debt, promotions, ...), JSON-able."""
         return {}
+
+    def check_invariants(self) -> None:
+        """Raise ``AssertionError`` naming the first broken policy invariant. The pool's own
+        invariants are checked by the pool; this hook is for what only the policy knows."""
 
 
 PolicyFactory = Callable[..., Policy]

@@ -194,7 +194,7 @@ class BlockPool:
         if blocks.shape[0] == 0:
             return
         _cache(blocks, hashes, self.ref_cnt, self.block_hash, self.hash_map, self.hash_next)
-        self.policy.on_materialize(blocks, group, contract, prefix_id, now)
+        self.policy.on_materialize(blocks, hashes, group, contract, prefix_id, now)
 
     def free_blocks(self, ordered_blocks: np.ndarray, now: float) -> None:
         """Drop one reference from each block; blocks reaching 0 go to the policy in this order."""
@@ -226,3 +226,4 @@ class BlockPool:
             raise AssertionError(f"occupancy {self.occupancy} != owner counts {counts}")
         if len(self.hash_map) > self.num_cached_blocks():
             raise AssertionError("hash map holds more hashes than cached blocks")
+        self.policy.check_invariants()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
@@ -32,6 +33,7 @@ from prefixshield.simulator.blockpool import BlockPool
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import CostModel
 from prefixshield.simulator.kvcache import KVCacheManager, Sequence, make_sequence
+from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
 from prefixshield.traces.schema import Trace
 from prefixshield.traces.tokens import prompt_token_ids
 
@@ -76,11 +78,13 @@ class Engine:
         policy: a fresh policy sized ``config.num_blocks``.
         cost: the step-time model.
         config: scheduler and cache settings.
+        contracts: contract name -> entitlement; every contract the trace names must be here.
         coalesce_decode: jump over quiet decode steps (same results; False steps one by one,
             which the tests use to check the jump).
     """
 
     def __init__(self, trace: Trace, policy: Policy, cost: CostModel, config: EngineConfig,
+                 contracts: Mapping[str, Contract] = DEFAULT_CONTRACTS,
                  coalesce_decode: bool = True) -> None:
         self.trace = trace
         self.coalesce_decode = coalesce_decode
@@ -107,6 +111,11 @@ class Engine:
                 f"{int(self.prompt_tokens[i] + self.output_tokens[i])} tokens of KV cache but the "
                 f"pool holds {usable_tokens} ({config.num_blocks - 1} usable blocks x "
                 f"{config.block_size} tokens)")
+        unknown = [c for c in self.contracts if c not in contracts]
+        if unknown:
+            raise EngineError(f"trace names contract {unknown[0]!r}, which is not configured; "
+                              f"known: {', '.join(sorted(contracts))}")
+        policy.bind_tenants(self.groups, [contracts[c] for c in self.contracts])
         self.pool = BlockPool(config.num_blocks, policy, len(self.groups))
         self.kv = KVCacheManager(self.pool, config.block_size)
         self.first_token_s = np.full(n, np.nan)
