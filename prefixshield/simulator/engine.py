@@ -225,6 +225,11 @@ class Engine:
                 budget -= num_new
                 admitted += 1
 
+        if not scheduled:
+            # Nothing runs and the waiting head does not fit: only an arrival can change that
+            # (vLLM would poll with empty steps; no state changes in between).
+            yield from self._idle_until_arrival()
+            return False
         prefill_tokens = decode_seqs = context = 0
         for seq, k in scheduled:
             if k == 1 and seq.num_output_done > 0 and seq.num_computed_tokens == seq.num_tokens - 1:
@@ -252,6 +257,18 @@ class Engine:
         waiting_stuck = (not self.waiting) or head_blocked or len(self.running) >= cfg.max_num_seqs
         return waiting_stuck and bool(self.running) and all(
             s.num_computed_tokens == s.num_tokens - 1 and s.num_output_done > 0 for s in self.running)
+
+    def _idle_until_arrival(self):
+        if self._next_arrival >= len(self.arrival_s):
+            seq = self.waiting[0]
+            raise EngineError(
+                f"request {int(self.trace.requests['request_id'].iloc[seq.request_id])} of group "
+                f"{self.groups[seq.group]!r} can never be admitted: it needs "
+                f"{-(-seq.num_tokens // self.config.block_size)} blocks and the policy lets its "
+                f"group take at most {self.pool.num_free_blocks(seq.group)} with nothing running")
+        self._wakeup = self.env.event()
+        yield self._wakeup
+        self._wakeup = None
 
     def _emit_token(self, seq: Sequence, now: float, finished: list) -> None:
         rid = seq.request_id

@@ -114,3 +114,21 @@ def test_coalesced_decode_matches_step_by_step(reqs, compat, num_blocks):
         assert np.allclose(a.records[col], b.records[col], rtol=1e-9, atol=1e-12), col
     assert np.array_equal(a.evictions, b.evictions)
     assert a.num_steps == b.num_steps
+
+
+def test_request_that_can_never_be_admitted_is_an_error_not_a_hang():
+    # static_quota with two groups: 4 usable blocks -> quota 2; a 3-block prompt never fits.
+    rows = [dict(segment_ids=[1], segment_lengths=[16], group="a"),
+            dict(segment_ids=[2], segment_lengths=[40], group="b", arrival_s=1.0)]
+    config = EngineConfig(num_blocks=5)
+    engine = Engine(make_trace(rows), make_policy("static_quota", 5), SIMPLE, config)
+    with pytest.raises(EngineError, match=r"group 'b' can never be admitted: it needs 3 blocks"):
+        engine.run()
+
+
+def test_idle_engine_waits_for_the_next_arrival_without_spinning():
+    rows = [dict(segment_ids=[1], segment_lengths=[64]),
+            dict(segment_ids=[2], segment_lengths=[64], arrival_s=100.0)]
+    r = run(rows)
+    assert r.records["ttft_s"].iloc[1] == pytest.approx(0.074)
+    assert r.num_events == 2
