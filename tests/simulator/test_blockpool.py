@@ -159,3 +159,16 @@ def test_duplicate_blocks_stay_cached_and_lookup_returns_the_first():
     schedule(m, d)
     m.pool.check_invariants()
     assert list(m.get_computed_blocks(c)[0]) == [4, 5]
+
+
+@pytest.mark.parametrize("compat, admitted", [("0.10", True), ("current", False)])
+def test_current_mode_admits_only_if_the_whole_prompt_fits(compat, admitted):
+    # 4 usable blocks; a 5-block prompt whose first 32-token chunk fits. vLLM >= 0.19 checks the
+    # full prompt at admission (scheduler_reserve_full_isl); 0.10 checks only the chunk.
+    from prefixshield.simulator.config import EngineConfig
+
+    m = make_manager(num_blocks=5, compat=compat)
+    req = make_request(0, np.arange(80))
+    reserve = req.num_tokens if EngineConfig(vllm_compat=compat).reserves_full_prompt else 0
+    assert m.allocate_slots(req, 32, 0.0, num_tokens_to_reserve=reserve) is admitted
+    assert req.num_blocks == (2 if admitted else 0)

@@ -132,3 +132,17 @@ def test_idle_engine_waits_for_the_next_arrival_without_spinning():
     r = run(rows)
     assert r.records["ttft_s"].iloc[1] == pytest.approx(0.074)
     assert r.num_events == 2
+
+
+def test_same_trace_and_seed_give_bit_identical_records():
+    from prefixshield.simulator.costmodel import load_profile
+    from prefixshield.traces.generators import generate
+
+    cost = load_profile("l4-qwen2.5-1.5b").cost
+    runs = []
+    for _ in range(2):
+        trace = generate("one_touch", duration_s=10, seed=7)
+        runs.append(Engine(trace, make_policy("lru", 512), cost, EngineConfig()).run())
+    assert runs[0].records.equals(runs[1].records)
+    assert np.array_equal(runs[0].occupancy, runs[1].occupancy)
+    assert np.array_equal(runs[0].evictions, runs[1].evictions)
