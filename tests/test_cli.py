@@ -1,6 +1,7 @@
 """The command line: a real run end to end, and one clear error line for every bad input."""
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -66,3 +67,22 @@ def test_unreadable_trace_file_names_the_file(tmp_path):
     bad.write_text("this is not parquet")
     r = invoke("run", bad)
     assert r.exit_code != 0 and str(bad) in r.output and "Traceback" not in r.output
+
+
+def test_trace_import_then_inspect(tmp_path):
+    fixtures = Path(__file__).resolve().parent / "traces" / "fixtures"
+    src = sorted(fixtures.glob("*mooncake*.jsonl"))[0]
+    out = tmp_path / "mc.parquet"
+    r = invoke("trace", "import", "mooncake", src, out, "--groups", "2")
+    assert r.exit_code == 0, r.output
+    r = invoke("trace", "inspect", out)
+    assert r.exit_code == 0 and "group1" in r.output
+
+
+def test_trace_import_of_a_malformed_file_names_file_and_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [0]}\n'
+                   '{"timestamp": 5, "input_length": "many"}\n')
+    r = invoke("trace", "import", "mooncake", bad, tmp_path / "o.parquet")
+    assert r.exit_code != 0 and "line 2" in r.output and str(bad) in r.output
+    assert not (tmp_path / "o.parquet").exists()
