@@ -274,6 +274,48 @@ def trace_inspect(path, block_size):
 
 
 @main.command()
+@click.option("--model", "model_dir", required=True, type=click.Path(file_okay=False, exists=True),
+              help="Model directory (random weights are fine: step time depends on shapes).")
+@click.option("--name", required=True, help="Profile name, e.g. cpu-tiny-qwen2.")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Profile file to write [default: NAME.toml].")
+@click.option("--block-size", type=int, default=32, show_default=True,
+              help="KV block size (vLLM's CPU attention needs a multiple of 32).")
+@click.option("--blocks", "num_blocks", type=int, default=2048, show_default=True,
+              help="KV blocks for the engine under test.")
+@click.option("--dtype", default="auto", show_default=True, help="Model dtype for vLLM.")
+@click.option("--quick", is_flag=True, help="A small grid (for smoke tests).")
+@_user_errors
+def calibrate(model_dir, name, out_path, block_size, num_blocks, dtype, quick):
+    """Measure step times on a real vLLM engine and fit a cost-model profile."""
+    from rich.progress import Progress
+
+    from prefixshield.calibrate.fit import fit_cost_model, write_profile
+    from prefixshield.calibrate.measure import CalibrationGrid, measure_step_times
+
+    grid = CalibrationGrid(prefill_new_tokens=(64, 256), prefill_cached_tokens=(0, 512),
+                           prefill_batch=(1, 2), decode_batch=(1, 4), decode_context=(128, 512),
+                           decode_steps=4, repeats=2) if quick else CalibrationGrid()
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("timing engine steps", total=None)
+        m = measure_step_times(model_dir, block_size=block_size, num_blocks=num_blocks, grid=grid,
+                               dtype=dtype,
+                               progress=lambda d, t: progress.update(task, completed=d, total=t))
+    fit = fit_cost_model(m)
+    grid_text = (f"prefill new {list(grid.prefill_new_tokens)} x cached "
+                 f"{list(grid.prefill_cached_tokens)} x batch {list(grid.prefill_batch)}, decode "
+                 f"batch {list(grid.decode_batch)} x context {list(grid.decode_context)}")
+    path = out_path or f"{name}.toml"
+    write_profile(path, name, fit, m.facts, grid_text)
+    c = fit.cost
+    console.print(f"fitted {fit.num_samples} steps: a={c.a_s:.3g} s, b={c.b_s_per_prefill_token:.3g} "
+                  f"s/token, c={c.c_s_per_decode_seq:.3g} s/seq, d={c.d_s_per_context_token:.3g} "
+                  f"s/context token; R^2={fit.r2:.3f}, median |rel err| "
+                  f"{100 * fit.median_abs_rel_error:.1f}%")
+    console.print(f"wrote {path}")
+
+
+@main.command()
 def profiles() -> None:
     """List the shipped cost-model profiles and their provenance."""
     from prefixshield.simulator.costmodel import list_profiles, load_profile

@@ -1,0 +1,233 @@
+"""Measure engine step times on a real vLLM and record the cost-model features of each step.
+
+Every sample is one ``LLMEngine.step()`` call timed on the wall clock, with the features the cost
+model uses: prefill tokens computed, sequences decoding one token, and KV context tokens attended.
+Prefill samples put ``k`` requests of ``cached + new`` tokens into one step, where the first
+``cached`` tokens were cached beforehand by a warm-up request (so only ``new`` are computed);
+decode samples time the pure-decode steps of a batch of ``b`` requests with ``c``-token prompts.
+
+The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) with token-id prompts and
+``skip_tokenizer_init=True``, so any model directory works, random weights included: step time
+depends on a model's shapes, not its values. Greedy decoding with forced output lengths
+(``min_tokens = max_tokens``, ``ignore_eos``) keeps every run the same length.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class CalibrationGrid:
+    """What to measure. Token counts are multiples of the block size where they are prefixes.
+
+    Attributes:
+        prefill_new_tokens: tokens computed per request in prefill samples.
+        prefill_cached_tokens: prefix-cache hit per request in prefill samples.
+        prefill_batch: requests per prefill step.
+        decode_batch: sequences per decode step.
+        decode_context: prompt tokens of each decoding sequence.
+        decode_steps: timed decode steps per (batch, context) point.
+        repeats: repetitions of every prefill point (the median is kept).
+    """
+
+    prefill_new_tokens: tuple[int, ...] = (64, 256, 1024)
+    prefill_cached_tokens: tuple[int, ...] = (0, 512, 1536)
+    prefill_batch: tuple[int, ...] = (1, 4)
+    decode_batch: tuple[int, ...] = (1, 4, 16)
+    decode_context: tuple[int, ...] = (128, 1024)
+    decode_steps: int = 6
+    repeats: int = 3
+
+
+@dataclass
+class StepSample:
+    """One timed step: features and wall seconds."""
+
+    kind: str
+    prefill_tokens: int
+    decode_seqs: int
+    context_tokens: int
+    seconds: float
+
+
+@dataclass
+class Measurement:
+    """All samples plus the facts of the engine that produced them."""
+
+    samples: list[StepSample]
+    facts: dict = field(default_factory=dict)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Design matrix ``[1, prefill_tokens, decode_seqs, context_tokens]`` and step seconds."""
+        x = np.array([[1.0, s.prefill_tokens, s.decode_seqs, s.context_tokens]
+                      for s in self.samples])
+        y = np.array([s.seconds for s in self.samples])
+        return x, y
+
+
+class _Driver:
+    """An in-process vLLM engine plus helpers to run timed steps."""
+
+    def __init__(self, model_dir: str, block_size: int, num_blocks: int, max_num_seqs: int,
+                 max_num_batched_tokens: int, dtype: str) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        import torch
+        from vllm import LLM, SamplingParams
+
+        from prefixshield.calibrate.vllm_workarounds import guard_llvmlite_for_vllm
+
+        guard_llvmlite_for_vllm()
+
+        # On the CPU backend gpu_memory_utilization is the share of *host* memory vLLM reserves;
+        # the default 0.92 fails on a shared machine, and num_gpu_blocks_override sizes the KV.
+        memory_share = 0.9 if torch.cuda.is_available() else 0.2
+
+        self._sampling = SamplingParams
+        self.llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype=dtype,
+                       block_size=block_size, enable_prefix_caching=True,
+                       num_gpu_blocks_override=num_blocks, max_num_seqs=max_num_seqs,
+                       max_num_batched_tokens=max_num_batched_tokens,
+                       max_model_len=max_num_batched_tokens, enforce_eager=True,
+                       gpu_memory_utilization=memory_share)
+        self.engine = self.llm.llm_engine
+        self._ids = itertools.count()
+        self._vocab = 1000
+        self._rng = np.random.default_rng(0)
+
+    def fresh_tokens(self, n: int) -> list[int]:
+        """``n`` random token ids: a new prompt shares no full block with earlier ones."""
+        return self._rng.integers(0, self._vocab, size=n).tolist()
+
+    def add(self, prompt: list[int], output_tokens: int) -> str:
+        rid = f"cal{next(self._ids)}"
+        params = self._sampling(max_tokens=output_tokens, min_tokens=output_tokens,
+                                ignore_eos=True, temperature=0.0)
+        self.engine.add_request(rid, {"prompt_token_ids": prompt}, params)
+        return rid
+
+    def timed_step(self) -> float:
+        t0 = time.perf_counter()
+        self.engine.step()
+        return time.perf_counter() - t0
+
+    def drain(self) -> None:
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+
+
+def measure_step_times(model_dir: str, block_size: int = 32, num_blocks: int = 2048,
+                       grid: CalibrationGrid = CalibrationGrid(), dtype: str = "auto",
+                       max_num_seqs: int = 64, max_num_batched_tokens: int = 8192,
+                       progress=None) -> Measurement:
+    """Time prefill and decode steps of a real vLLM engine over ``grid``.
+
+    Args:
+        model_dir: a model directory (e.g. from ``write_tiny_model``).
+        block_size: KV block size in tokens (CPU attention needs a multiple of 32).
+        num_blocks: KV blocks for the engine (must hold the largest sample).
+        grid: the measurement grid.
+        dtype: model dtype for vLLM ("auto", "float32", "bfloat16").
+        progress: optional callable ``progress(done, total)``.
+    """
+    driver = _Driver(model_dir, block_size, num_blocks, max_num_seqs, max_num_batched_tokens,
+                     dtype)
+    samples: list[StepSample] = []
+    points = [(n, c, k) for n in grid.prefill_new_tokens for c in grid.prefill_cached_tokens
+              for k in grid.prefill_batch if k * (n + c) <= max_num_batched_tokens]
+    total = len(points) * grid.repeats + len(grid.decode_batch) * len(grid.decode_context)
+    done = 0
+    # warm-up: the first steps of an engine are slower (allocator, caches)
+    for _ in range(3):
+        driver.add(driver.fresh_tokens(64), 2)
+        driver.drain()
+    for new, cached, k in points:
+        times = []
+        for rep in range(grid.repeats + 1):
+            prompts = []
+            for _j in range(k):
+                prefix = driver.fresh_tokens(cached)
+                if cached:
+                    driver.add(prefix + driver.fresh_tokens(block_size), 1)  # caches the prefix
+                    driver.drain()
+                prompts.append(prefix + driver.fresh_tokens(new))
+            for p in prompts:
+                driver.add(p, 1)
+            seconds = driver.timed_step()
+            driver.drain()
+            if rep == 0:
+                continue  # the first step of a new shape pays one-time costs: not a sample
+            times.append(seconds)
+            done += 1
+            if progress:
+                progress(done, total)
+        samples.append(StepSample("prefill", k * new, 0, k * (cached + new),
+                                  float(np.median(times))))
+    for b in grid.decode_batch:
+        for c in grid.decode_context:
+            for _j in range(b):
+                driver.add(driver.fresh_tokens(c), grid.decode_steps + 2)
+            # the prefill of all b prompts, then one decode step to settle
+            while _prefilling(driver):
+                driver.engine.step()
+            driver.engine.step()
+            for j in range(grid.decode_steps):
+                seconds = driver.timed_step()
+                # context attended by each sequence: prompt + generated so far (+ this token)
+                ctx = b * (c + 2 + j)
+                samples.append(StepSample("decode", 0, b, ctx, seconds))
+            driver.drain()
+            done += 1
+            if progress:
+                progress(done, total)
+    facts = engine_facts(driver)
+    return Measurement(samples, facts)
+
+
+def _prefilling(driver: _Driver) -> bool:
+    sched = driver.engine.engine_core.engine_core.scheduler
+    return any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.running) or \
+        bool(len(sched.waiting))
+
+
+def engine_facts(driver: _Driver) -> dict:
+    """vLLM version, device, attention backend, block count and size actually used."""
+    import platform
+
+    import torch
+    import vllm
+
+    cfg = driver.engine.vllm_config
+    if torch.cuda.is_available():
+        hardware = torch.cuda.get_device_name(0)
+    else:
+        hardware = _cpu_name() or platform.processor() or "CPU"
+    backend = getattr(cfg.attention_config, "backend", None) if hasattr(cfg, "attention_config") \
+        else None
+    return {
+        "vllm_version": vllm.__version__,
+        "hardware": hardware,
+        "attention_backend": str(backend) if backend else f"{'CUDA' if torch.cuda.is_available() else 'CPU'} default",
+        "num_gpu_blocks": int(cfg.cache_config.num_gpu_blocks),
+        "block_size": int(cfg.cache_config.block_size),
+        "model": cfg.model_config.model,
+        "architecture": ",".join(cfg.model_config.architectures or []),
+        "dtype": str(cfg.model_config.dtype),
+    }
+
+
+def _cpu_name() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
