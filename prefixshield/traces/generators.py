@@ -134,7 +134,7 @@ class AttackParams(WorkloadParams):
         hot_fraction: victim hot set as a fraction of usable blocks (sets the number of hot
             prefixes when ``num_hot_prefixes`` is None).
         num_hot_prefixes: explicit number of hot prefixes (None: derived, see module doc).
-        warmup_gap_s: spacing of the warm-up requests in seconds (None: ``1 / base_rate``).
+        warmup_gap_s: spacing of the warm-up requests in seconds (None: see ``warmup_gap``).
         attack: False gives the no-attack control (the same trace without attacker rows).
         attacker_rate: attacker requests/s (None: the workload's formula).
         pressure_start_s: start of the attacker's pressure window, seconds after the measured
@@ -142,8 +142,14 @@ class AttackParams(WorkloadParams):
         pressure_duration_s: length of the window in seconds (None: to the end of the run).
         victim_group, victim_contract, attacker_group, attacker_contract: names in the trace.
         contracts: contract table used to size attacks (None: ``DEFAULT_CONTRACTS``).
+        output_tokens: decode length of every request; default 1: these are prefill (TTFT)
+            studies, and with one output token a request's blocks are released as soon as its
+            prefill step ends, so the cache is driven by prompts alone. With longer outputs each
+            in-flight 96-block attack request keeps its blocks pinned, which with a 75% hot set
+            leaves the victim no room under any policy (see the README).
     """
 
+    output_tokens: tuple[int, int] = (1, 1)
     prefix_tokens: int = 1536
     suffix_tokens: tuple[int, int] = (32, 64)
     hot_fraction: float = 0.75
@@ -176,6 +182,9 @@ class AttackParams(WorkloadParams):
                f"pressure_duration_s must be > 0 s, got {self.pressure_duration_s}")
         _check(self.victim_group != self.attacker_group,
                "victim_group and attacker_group must differ")
+        _check(self.victim_contract in self.contract_table,
+               f"victim_contract {self.victim_contract!r} is not in contracts "
+               f"({', '.join(self.contract_table)})")
         _check(self.attacker_contract in self.contract_table,
                f"attacker_contract {self.attacker_contract!r} is not in contracts "
                f"({', '.join(self.contract_table)})")
@@ -199,8 +208,15 @@ class AttackParams(WorkloadParams):
 
     @property
     def warmup_gap(self) -> float:
-        """Warm-up spacing in seconds."""
-        return 1.0 / self.base_rate if self.warmup_gap_s is None else self.warmup_gap_s
+        """Warm-up spacing in seconds.
+
+        Default: ``max(1 / base_rate, request blocks / rho of the victim's contract)``, so that
+        the warm-up populates the hot set within the victim's creation entitlement and the
+        measured phase starts with the victim owing nothing (a warm-up faster than the refill
+        would start every debt-aware policy with the victim in debt for its own hot set).
+        """
+        rho = self.contract_table[self.victim_contract].rho_blocks_per_s
+        return _entitled_gap(self, rho)
 
     @property
     def one_touch_rate(self) -> float:
@@ -383,7 +399,8 @@ class BorrowingParams(WorkloadParams):
         prefix_tokens, suffix_tokens: as in :class:`AttackParams`.
         working_set_fraction: active working set as a fraction of usable blocks.
         working_set_prefixes: explicit number of prefixes (None: derived).
-        warmup_gap_s: warm-up spacing in seconds (None: ``1 / base_rate``).
+        warmup_gap_s: warm-up spacing in seconds (None: ``max(1 / base_rate, request blocks /
+            rho of the contract)``, the warm-up stays within the group's creation entitlement).
         active_group, idle_group, contract: names in the trace (both groups on ``contract``).
         idle_probe: send the idle group's single request.
         idle_probe_tokens: its prompt length in tokens.
@@ -423,6 +440,23 @@ class BorrowingParams(WorkloadParams):
             return self.working_set_prefixes
         return max(1, round(self.working_set_fraction * self.usable_blocks
                             / max(1, self.prefix_blocks)))
+
+    @property
+    def warmup_gap(self) -> float:
+        """Warm-up spacing in seconds (see ``warmup_gap_s``)."""
+        c = DEFAULT_CONTRACTS.get(self.contract)
+        return _entitled_gap(self, c.rho_blocks_per_s) if c else \
+            (1.0 / self.base_rate if self.warmup_gap_s is None else self.warmup_gap_s)
+
+
+def _entitled_gap(p, rho_blocks_per_s: float) -> float:
+    """``warmup_gap_s``, or the spacing at which one prefix-plus-suffix request per gap stays
+    within a refill of ``rho_blocks_per_s`` (and no faster than ``base_rate``)."""
+    if p.warmup_gap_s is not None:
+        return p.warmup_gap_s
+    mean_suffix = 0.5 * (p.suffix_tokens[0] + p.suffix_tokens[1])
+    request_blocks = (p.prefix_tokens + mean_suffix) / p.block_size
+    return max(1.0 / p.base_rate, request_blocks / rho_blocks_per_s)
 
 
 # --------------------------------------------------------------------------------------------
@@ -588,7 +622,7 @@ def _add_cyclic_stream(rows: RequestRows, p, *, stream: int, group_index: int, g
                        contract: str, role: str, num_prefixes: int) -> dict[str, float]:
     """Warm-up (each prefix once) then Poisson(base_rate) requests cycling the prefixes."""
     rng = _rng(p.seed, stream)
-    gap = 1.0 / p.base_rate if p.warmup_gap_s is None else p.warmup_gap_s
+    gap = p.warmup_gap
     warm_t = np.arange(num_prefixes) * gap
     start = num_prefixes * gap
     end = start + p.duration_s

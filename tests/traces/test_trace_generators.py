@@ -87,7 +87,8 @@ def test_warmup_sends_each_hot_prefix_once_unmeasured_then_victim_cycles():
     victim = rows(tr, "victim")
     warm = victim[~victim["measured"]]
     assert list(warm["prefix_id"]) == [0, 1, 2, 3]
-    assert list(warm["arrival_s"]) == [0.0, 0.5, 1.0, 1.5]  # 1 / base_rate apart
+    # within the victim's entitlement: (1536 + 48 mean suffix) / 16 = 99 blocks per 40 blocks/s
+    assert list(warm["arrival_s"]) == pytest.approx([0.0, 2.475, 4.95, 7.425])
     meas = victim[victim["measured"]]
     assert (meas["arrival_s"] >= tr.meta["measure_start_s"]).all()
     assert (meas["arrival_s"] < tr.meta["measure_end_s"]).all()
@@ -109,7 +110,7 @@ def test_one_touch_attacker_sends_fresh_1536_token_prefixes_at_design_rate():
     assert len(set(first)) == len(att)
     assert {int(lens[0]) for lens in att["segment_lengths"]} == {1536}
     assert set(att["contract"]) == {"best_effort"} and set(att["group"]) == {"attacker"}
-    assert att["output_tokens"].between(16, 32).all()
+    assert (att["output_tokens"] == 1).all()  # attack studies default to one output token
 
 
 def test_one_touch_rate_is_capped_by_075_c_prefill_at_high_load():
