@@ -1,0 +1,342 @@
+"""Numba kernels of the S3-FIFO policy (see ``prefixshield/policies/s3fifo.py`` for semantics).
+
+State layout (struct of arrays, all indexed by block id):
+
+* three intrusive lists in one :class:`~prefixshield.policies.kernels.linkedlist.LinkedLists`
+  (``prev``/``nxt``/``member``/``length``): list ``FREE`` holds truly free blocks (no content),
+  ``SMALL`` and ``MAIN`` are S3-FIFO's two FIFO queues, head = oldest;
+* ``freq`` (int8): the capped access counter of a queued block;
+* ``in_use`` (bool): the block is pinned (taken by a request and not yet released);
+* ``key`` (uint64): content key of a queued block (what goes to the ghost);
+* ``cnt`` (int64): counters, indexed by the ``C_*`` constants below (``cnt[SMALL]`` and
+  ``cnt[MAIN]`` are the numbers of pinned blocks in each queue);
+* ``params`` (int64): the ``P_*`` constants below;
+* the ghost FIFO: ``gkeys`` (uint64 ring of capacity ``2 * (ghost_size + num_blocks) + 2``),
+  ``gpos`` (absolute head/tail positions) and ``gmap`` (typed Dict key -> absolute position of
+  its live entry). A ring entry is live iff ``gmap[key] == position``; removals leave stale
+  entries that are skipped when trimming and dropped by an amortized O(1) compaction when the
+  ring is full. Keys evicted by one ``select_victims`` call are appended untrimmed; the ghost is
+  trimmed back to ``ghost_size`` (oldest first) after the next ``on_materialize`` has looked its
+  keys up, or at the start of the next ``select_victims`` -- which reproduces libCacheSim's order
+  (ghost lookup of the missed key *before* the eviction that makes room for it).
+
+Every kernel is O(1) per block except eviction, which passes over the blocks it rotates (as
+libCacheSim's S3-FIFO does).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+FREE = 0
+SMALL = 1
+MAIN = 2
+NUM_LISTS = 3
+
+# counters (cnt[SMALL], cnt[MAIN] = pinned blocks in that queue)
+C_HAS_EVICTED = 0
+C_PROMOTIONS = 3          # small -> main because freq >= move_to_main_threshold
+C_EVICTED_SMALL = 4       # reclaimed from small (key goes to the ghost)
+C_EVICTED_MAIN = 5        # reclaimed from main
+C_MAIN_REINSERTS = 6      # main head with freq >= 1 reinserted at main tail (freq - 1)
+C_GHOST_HITS = 7          # materialized content found in the ghost -> inserted into main
+C_WARMUP_MAIN_INSERTS = 8  # inserted into main because small was full before any eviction
+C_PINNED_KEPT_SMALL = 9   # pinned block at small head moved to small tail
+C_PINNED_KEPT_MAIN = 10   # pinned block with freq 0 at main head moved to main tail
+C_TRULY_FREE_TAKEN = 11   # victims that were truly free blocks (no eviction)
+NUM_COUNTERS = 12
+
+P_SMALL_SIZE = 0
+P_MAIN_SIZE = 1
+P_GHOST_SIZE = 2
+P_THRESHOLD = 3
+P_FREQ_CAP = 4
+P_CURRENT_MODE = 5
+NUM_PARAMS = 6
+
+
+@njit(cache=True, inline="always")
+def _unlink1(prev, nxt, member, length, b):
+    p = prev[b]
+    q = nxt[b]
+    nxt[p] = q
+    prev[q] = p
+    prev[b] = -1
+    nxt[b] = -1
+    length[member[b]] -= 1
+    member[b] = -1
+
+
+@njit(cache=True, inline="always")
+def _push_tail1(prev, nxt, member, length, num_blocks, k, b):
+    tail = num_blocks + 2 * k + 1
+    at = prev[tail]
+    prev[b] = at
+    nxt[b] = tail
+    prev[tail] = b
+    nxt[at] = b
+    member[b] = k
+    length[k] += 1
+
+
+@njit(cache=True, inline="always")
+def _push_head1(prev, nxt, member, length, num_blocks, k, b):
+    head = num_blocks + 2 * k
+    after = nxt[head]
+    prev[b] = head
+    nxt[b] = after
+    prev[after] = b
+    nxt[head] = b
+    member[b] = k
+    length[k] += 1
+
+
+@njit(cache=True)
+def ghost_insert(gkeys, gpos, gmap, ghost_size, k):
+    """Append content key ``k`` to the ghost FIFO (no trimming: see :func:`ghost_trim`).
+
+    A key already in the ghost is left where it is (libCacheSim's ghost ``get`` is a hit)."""
+    if ghost_size <= 0 or k in gmap:
+        return
+    cap = gkeys.shape[0]
+    if gpos[1] - gpos[0] >= cap:
+        live = np.empty(len(gmap), dtype=np.uint64)
+        n = 0
+        for p in range(gpos[0], gpos[1]):
+            old = gkeys[p % cap]
+            if old in gmap and gmap[old] == p:
+                live[n] = old
+                n += 1
+        for i in range(n):
+            gkeys[i] = live[i]
+            gmap[live[i]] = i
+        gpos[0] = 0
+        gpos[1] = n
+    p = gpos[1]
+    gkeys[p % cap] = k
+    gmap[k] = p
+    gpos[1] = p + 1
+
+
+@njit(cache=True)
+def ghost_trim(gkeys, gpos, gmap, ghost_size):
+    """Drop the oldest ghost keys until at most ``ghost_size`` remain."""
+    cap = gkeys.shape[0]
+    while len(gmap) > ghost_size and gpos[0] < gpos[1]:
+        p = gpos[0]
+        gpos[0] = p + 1
+        old = gkeys[p % cap]
+        if old in gmap and gmap[old] == p:
+            del gmap[old]
+
+
+@njit(cache=True)
+def _evict_small(prev, nxt, member, length, num_blocks, freq, in_use, key, cnt, params,
+                 gkeys, gpos, gmap, update_ghost):
+    """libCacheSim ``S3FIFO_evict_small`` with pinning; returns the evicted block or -1."""
+    head = num_blocks + 2 * SMALL
+    while length[SMALL] > 0:
+        if length[SMALL] - cnt[SMALL] == 0:
+            return -1
+        b = nxt[head]
+        if freq[b] >= params[P_THRESHOLD]:
+            _unlink1(prev, nxt, member, length, b)
+            _push_tail1(prev, nxt, member, length, num_blocks, MAIN, b)
+            freq[b] = 0
+            if in_use[b]:
+                cnt[SMALL] -= 1
+                cnt[MAIN] += 1
+            cnt[C_PROMOTIONS] += 1
+        elif in_use[b]:
+            _unlink1(prev, nxt, member, length, b)
+            _push_tail1(prev, nxt, member, length, num_blocks, SMALL, b)
+            cnt[C_PINNED_KEPT_SMALL] += 1
+        else:
+            _unlink1(prev, nxt, member, length, b)
+            if update_ghost:
+                ghost_insert(gkeys, gpos, gmap, params[P_GHOST_SIZE], key[b])
+            freq[b] = 0
+            key[b] = 0
+            cnt[C_EVICTED_SMALL] += 1
+            return b
+    return -1
+
+
+@njit(cache=True)
+def _evict_main(prev, nxt, member, length, num_blocks, freq, in_use, key, cnt):
+    """libCacheSim ``S3FIFO_evict_main`` with pinning; returns the evicted block or -1."""
+    head = num_blocks + 2 * MAIN
+    while length[MAIN] > 0:
+        if length[MAIN] - cnt[MAIN] == 0:
+            return -1
+        b = nxt[head]
+        f = freq[b]
+        if f >= 1:
+            _unlink1(prev, nxt, member, length, b)
+            _push_tail1(prev, nxt, member, length, num_blocks, MAIN, b)
+            freq[b] = min(f, 3) - 1
+            cnt[C_MAIN_REINSERTS] += 1
+        elif in_use[b]:
+            _unlink1(prev, nxt, member, length, b)
+            _push_tail1(prev, nxt, member, length, num_blocks, MAIN, b)
+            cnt[C_PINNED_KEPT_MAIN] += 1
+        else:
+            _unlink1(prev, nxt, member, length, b)
+            key[b] = 0
+            cnt[C_EVICTED_MAIN] += 1
+            return b
+    return -1
+
+
+@njit(cache=True)
+def _evict_one(prev, nxt, member, length, num_blocks, freq, in_use, key, cnt, params,
+               gkeys, gpos, gmap, update_ghost):
+    """Reclaim one unpinned queued block (libCacheSim's ``S3FIFO_evict`` loop); -1 if none."""
+    while True:
+        small_free = length[SMALL] - cnt[SMALL]
+        main_free = length[MAIN] - cnt[MAIN]
+        if small_free + main_free <= 0:
+            return -1
+        cnt[C_HAS_EVICTED] = 1
+        if (length[MAIN] > params[P_MAIN_SIZE] or small_free == 0) and main_free > 0:
+            b = _evict_main(prev, nxt, member, length, num_blocks, freq, in_use, key, cnt)
+        else:
+            b = _evict_small(prev, nxt, member, length, num_blocks, freq, in_use, key, cnt,
+                             params, gkeys, gpos, gmap, update_ghost)
+        if b >= 0:
+            return b
+
+
+@njit(cache=True)
+def select_victims(n, out, prev, nxt, member, length, num_blocks, freq, in_use, key, cnt, params,
+                   gkeys, gpos, gmap, update_ghost):
+    """Fill ``out[:n]`` with the next ``n`` free blocks (truly free first, then reclaimed ones);
+    they become in use. Returns how many were found (``< n`` only if fewer were free)."""
+    free_head = num_blocks + 2 * FREE
+    if update_ghost:
+        ghost_trim(gkeys, gpos, gmap, params[P_GHOST_SIZE])
+    for i in range(n):
+        if length[FREE] > 0:
+            b = nxt[free_head]
+            _unlink1(prev, nxt, member, length, b)
+            cnt[C_TRULY_FREE_TAKEN] += 1
+        else:
+            b = _evict_one(prev, nxt, member, length, num_blocks, freq, in_use, key, cnt, params,
+                           gkeys, gpos, gmap, update_ghost)
+            if b < 0:
+                return i
+        in_use[b] = True
+        out[i] = b
+    return n
+
+
+@njit(cache=True)
+def on_hit(blocks, member, freq, freq_cap):
+    """freq += 1 (capped) for every queued block of ``blocks``."""
+    for b in blocks:
+        m = member[b]
+        if (m == SMALL or m == MAIN) and freq[b] < freq_cap:
+            freq[b] += 1
+
+
+@njit(cache=True)
+def on_acquire(blocks, member, in_use, cnt):
+    """Pin free queued blocks (queue positions unchanged). Returns the number of bad blocks."""
+    bad = 0
+    for b in blocks:
+        m = member[b]
+        if in_use[b] or not (m == SMALL or m == MAIN):
+            bad += 1
+            continue
+        in_use[b] = True
+        cnt[m] += 1
+    return bad
+
+
+@njit(cache=True)
+def on_release(blocks, cached, prev, nxt, member, length, num_blocks, in_use, key, cnt,
+               current_mode):
+    """Unpin ``blocks``; cached ones keep their queue position, the others become truly free
+    (``current_mode``: at the head of the free list, reading in the given order; else at its
+    tail). Returns the number of bad blocks (not in use, or cached but unknown)."""
+    bad = 0
+    n = blocks.shape[0]
+    to_free = np.empty(n, dtype=np.bool_)
+    for i in range(n):
+        b = blocks[i]
+        to_free[i] = False
+        if not in_use[b]:
+            bad += 1
+            continue
+        in_use[b] = False
+        m = member[b]
+        if m == SMALL or m == MAIN:
+            cnt[m] -= 1
+            if not cached[i]:  # content dropped without a reclamation: leave the queues
+                _unlink1(prev, nxt, member, length, b)
+                key[b] = 0
+                to_free[i] = True
+        else:
+            if cached[i]:
+                bad += 1
+            to_free[i] = True
+    if current_mode:
+        for i in range(n - 1, -1, -1):
+            if to_free[i]:
+                _push_head1(prev, nxt, member, length, num_blocks, FREE, blocks[i])
+    else:
+        for i in range(n):
+            if to_free[i]:
+                _push_tail1(prev, nxt, member, length, num_blocks, FREE, blocks[i])
+    return bad
+
+
+@njit(cache=True)
+def on_materialize(blocks, hashes, prev, nxt, member, length, num_blocks, freq, in_use, key, cnt,
+                   params, gkeys, gpos, gmap):
+    """Insert newly cached blocks (libCacheSim ``S3FIFO_insert``): ghost hit -> main tail;
+    small full before the first eviction -> main tail; else small tail. freq = 0. Returns the
+    number of bad blocks (truly free ones, which must be taken before they are materialized)."""
+    bad = 0
+    for i in range(blocks.shape[0]):
+        b = blocks[i]
+        h = hashes[i]
+        m = member[b]
+        if m >= 0:
+            if m == FREE:
+                bad += 1
+            elif in_use[b]:
+                cnt[m] -= 1
+            _unlink1(prev, nxt, member, length, b)
+        key[b] = h
+        freq[b] = 0
+        if params[P_GHOST_SIZE] > 0 and h in gmap:
+            del gmap[h]
+            q = MAIN
+            cnt[C_GHOST_HITS] += 1
+        elif cnt[C_HAS_EVICTED] == 0 and length[SMALL] >= params[P_SMALL_SIZE]:
+            q = MAIN
+            cnt[C_WARMUP_MAIN_INSERTS] += 1
+        else:
+            q = SMALL
+        _push_tail1(prev, nxt, member, length, num_blocks, q, b)
+        if in_use[b]:
+            cnt[q] += 1
+    ghost_trim(gkeys, gpos, gmap, params[P_GHOST_SIZE])
+    return bad
+
+
+@njit(cache=True)
+def ghost_live_keys(gkeys, gpos, gmap):
+    """The ghost's live keys, oldest first (for tests and invariant checks)."""
+    cap = gkeys.shape[0]
+    out = np.empty(len(gmap), dtype=np.uint64)
+    n = 0
+    for p in range(gpos[0], gpos[1]):
+        k = gkeys[p % cap]
+        if k in gmap and gmap[k] == p:
+            if n < out.shape[0]:
+                out[n] = k
+            n += 1
+    return out[:min(n, out.shape[0])], n

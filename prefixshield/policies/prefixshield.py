@@ -1,0 +1,509 @@
+"""PrefixShield: meter who *creates* KV state and make that group bear reclamation (DESIGN §5.4).
+
+Per (group, contract) a token bucket ``(B, t0)``, initialised full (``B = beta_c``), refilled lazily
+on the accounting clock: ``B̂(t) = min(beta_c, B + rho_c·(t − t0))``. Every :meth:`on_materialize`
+call is one request's ``n_r`` new full blocks and charges ``B ← B̂(t) − n_r; t0 ← t`` (hits never
+charge; the balance may go arbitrarily negative; eviction never repays). From the buckets:
+
+* raw debt ``D_g(t) = Σ_c max(0, −B̂_{g,c}(t))`` (blocks; summed over contracts, so relabelling
+  the contract cannot launder debt);
+* weights ``w_c = rho_c / rho_min``; normalized debt ``D̃_g(t) = Σ_c max(0, −B̂_{g,c}(t)) / w_c``;
+  ``W_g(t)`` = max ``w_c`` over the contracts with ``B̂_{g,c}(t) < 0``.
+
+Each cached block carries a retention class ``PROBATIONARY < NORMAL < REUSE`` (eviction order).
+New blocks are PROBATIONARY if the charge left ``B_{g,c} < −ε`` or this is the first admission of
+``(g, prefix_id)``, NORMAL otherwise. A hit whose request (group, contract, prefix_id) equals the
+block's (owner, contract, prefix_id) promotes it to REUSE only if ``D_g(t) ≤ ε`` (the debt gate,
+invariant I2); otherwise a *gated promotion* is counted.
+
+Reclamation happens only when no truly free block is left (work conservation): for ``m`` victims
+at ``t``, ``P_g = D̃_g(t)``; while a group with a candidate has ``P_g > ε``, the largest ``P_g``
+(ties: lowest class of its best candidate, then oldest) gives its first candidate (class order,
+then native free order) and ``P_g -= 1/W_g(t)``; otherwise the first candidate globally.
+
+Implementation: per-(group, class) intrusive LRU lists, global per-class lists and a heap over the
+indebted groups, all in numpy arrays driven by the numba kernels of
+:mod:`prefixshield.policies.kernels.prefixshield_kernels` (one kernel call per event; a victim
+costs O(log G)). The pure-Python executable spec is
+:class:`prefixshield.policies.reference.prefixshield.ReferencePrefixShield`; the two agree
+decision for decision (tests/policies/test_prefixshield_random.py).
+
+Interpretations of the spec, stated once here:
+
+* each ``on_materialize`` call is one admission and one charge. The pool calls it once per
+  scheduler step of a request (prefill chunks, filled decode blocks) and passes no request id, so
+  a request's later chunks find ``(g, prefix_id)`` already admitted and start NORMAL if funded;
+* the admission history is one LRU set of ``(group, prefix_id)`` pairs over all groups, holding
+  at most ``max(1, int(history_factor × num_blocks))`` entries; an admission refreshes its entry,
+  hits do not;
+* "currently indebted contract" means ``B̂_{g,c}(t) < 0`` (so ``W_g`` is defined whenever
+  ``D̃_g > 0``);
+* a promotion is counted only when a block actually changes class to REUSE; a gated promotion only
+  for an eligible block not already in REUSE;
+* a free candidate that is hit moves to the most recent end of its class (its recency stamp is
+  refreshed); under the block pool a free hit block is acquired right after, so this only matters
+  to direct callers;
+* ``segmentation=False`` puts every cached block in one class (stored as NORMAL) and performs no
+  promotions; ``responsibility=False`` skips group selection; ``debt_gate=False`` promotes every
+  eligible block (``promotions_in_debt`` then counts the promotions the gate would have refused);
+* a clock that steps back refills nothing (``t − t0`` is clamped at 0); truly free blocks are
+  reused in vLLM's order for the compat mode (unhashed blocks to the head in ``"current"``, to the
+  tail in ``"0.10"``); a hashed block released without ever being materialized (no owner) is a
+  PROBATIONARY candidate of no group, reclaimed only by the global fallback.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from numba import types
+from numba.typed import Dict
+
+from prefixshield.policies.base import Policy, register_policy
+from prefixshield.policies.kernels import prefixshield_kernels as K
+from prefixshield.policies.kernels.linkedlist import LinkedLists, list_to_array, push_tail
+from prefixshield.traces.contracts import Contract
+
+PROBATIONARY = K.PROBATIONARY
+NORMAL = K.NORMAL
+REUSE = K.REUSE
+CLASS_NAMES = ("probationary", "normal", "reuse")
+"""Retention classes by value; the eviction order is ascending."""
+
+_KEY_TYPE = types.UniTuple(types.int64, 2)
+
+
+class DebtLog:
+    """Bounded series of ``(t s, group, D_g blocks)`` samples, one per charge.
+
+    Keeps the samples of charges ``0, stride, 2·stride, ...`` (counting every charge), at most
+    ``max_samples`` of them: when full, ``stride`` doubles and every second sample is dropped, so
+    the series stays evenly spread over the whole run. ``max_samples=0`` records nothing.
+    """
+
+    def __init__(self, max_samples: int) -> None:
+        if max_samples < 0:
+            raise ValueError(f"max_debt_samples must be >= 0, got {max_samples}")
+        self.max_samples = int(max_samples)
+        cap = min(self.max_samples, 1024)
+        self.t = np.empty(cap, dtype=np.float64)
+        self.group = np.empty(cap, dtype=np.int32)
+        self.debt = np.empty(cap, dtype=np.float64)
+        self.size = 0
+        self.stride = 1
+        self.num_charges = 0
+
+    def append(self, t: float, group: int, debt: float) -> None:
+        """Count one charge and record its sample if its index is a multiple of the stride."""
+        i = self.num_charges
+        self.num_charges += 1
+        if self.max_samples == 0 or i % self.stride:
+            return
+        if self.size == self.t.shape[0]:
+            if self.size < self.max_samples:
+                cap = min(self.max_samples, 2 * self.size)
+                self.t = np.resize(self.t, cap)
+                self.group = np.resize(self.group, cap)
+                self.debt = np.resize(self.debt, cap)
+            else:
+                keep = (self.size + 1) // 2
+                self.t[:keep] = self.t[0:self.size:2]
+                self.group[:keep] = self.group[0:self.size:2]
+                self.debt[:keep] = self.debt[0:self.size:2]
+                self.size = keep
+                self.stride *= 2
+                if i % self.stride:
+                    return
+        self.t[self.size] = t
+        self.group[self.size] = group
+        self.debt[self.size] = debt
+        self.size += 1
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Copies of (t seconds, group id, raw debt blocks)."""
+        n = self.size
+        return self.t[:n].copy(), self.group[:n].copy(), self.debt[:n].copy()
+
+
+@register_policy
+class PrefixShieldPolicy(Policy):
+    """PrefixShield (see the module docstring for the algorithm and every interpretation).
+
+    Args:
+        num_blocks: configured blocks, null block included.
+        vllm_compat: order of truly free blocks (``"current"``: freed unhashed blocks are reused
+            first; ``"0.10"``: they queue at the tail). Cached candidates are unaffected.
+        segmentation: keep retention classes (False: one class, plain LRU within a group).
+        debt_gate: refuse promotions while the group owes (False: promote every eligible block).
+        responsibility: select the most indebted group first (False: class order then LRU).
+        epsilon: debt tolerance ε in blocks (>= 0) for "debt cleared" and ``P_g > ε``.
+        history_factor: admission-history capacity in entries per configured block: the LRU set
+            holds ``max(1, int(history_factor * num_blocks))`` ``(group, prefix_id)`` pairs.
+        max_debt_samples: bound of the debt-over-time series (see :class:`DebtLog`).
+    """
+
+    name = "prefixshield"
+
+    def __init__(self, num_blocks: int, vllm_compat: str = "current", *,
+                 segmentation: bool = True, debt_gate: bool = True, responsibility: bool = True,
+                 epsilon: float = 1e-9, history_factor: float = 4.0,
+                 max_debt_samples: int = 16384) -> None:
+        super().__init__(num_blocks, vllm_compat)
+        if not epsilon >= 0:
+            raise ValueError(f"epsilon must be >= 0 blocks, got {epsilon}")
+        if not history_factor > 0:
+            raise ValueError(f"history_factor must be > 0, got {history_factor}")
+        self.segmentation = bool(segmentation)
+        self.debt_gate = bool(debt_gate)
+        self.responsibility = bool(responsibility)
+        self.epsilon = float(epsilon)
+        self.history_factor = float(history_factor)
+        self.history_capacity = max(1, int(history_factor * self.num_blocks))
+        self.max_debt_samples = int(max_debt_samples)
+        self.debt_log = DebtLog(self.max_debt_samples)
+        self._now = 0.0
+        N = self.num_blocks
+        # per-block state
+        self.owner = np.full(N, -1, dtype=np.int32)
+        self.contract = np.full(N, -1, dtype=np.int32)
+        self.prefix = np.full(N, -1, dtype=np.int64)
+        self.klass = np.zeros(N, dtype=np.int8)
+        self.cached = np.zeros(N, dtype=np.bool_)
+        self.seq = np.zeros(N, dtype=np.int64)
+        self.hits = np.zeros(N, dtype=np.int64)
+        self.last_access = np.zeros(N, dtype=np.float64)
+        self._seq_counter = np.zeros(1, dtype=np.int64)
+        # global lists: classes 0..2 + truly free; all blocks but the null block start truly free
+        self._glob = g = LinkedLists(N, K.NUM_GLOBAL_LISTS)
+        push_tail(g.prev, g.nxt, g.member, g.length, N, K.TRULY_FREE,
+                  np.arange(1, N, dtype=np.int32))
+        self._bound = False
+        self._alloc_group_state(0, [])
+
+    def _alloc_group_state(self, G: int, contracts: Sequence[Contract]) -> None:
+        # admission history: LRU set of (group, prefix_id) in slots 0..H-1, sentinels H, H+1
+        H = self.history_capacity
+        self._hmap = Dict.empty(key_type=_KEY_TYPE, value_type=types.int64)
+        self._hkey_g = np.zeros(H, dtype=np.int64)
+        self._hkey_p = np.zeros(H, dtype=np.int64)
+        self._hprev = np.full(H + 2, -1, dtype=np.int64)
+        self._hnxt = np.full(H + 2, -1, dtype=np.int64)
+        self._hnxt[H] = H + 1
+        self._hprev[H + 1] = H
+        self._hused = np.zeros(1, dtype=np.int64)
+        self.debt_log = DebtLog(self.max_debt_samples)
+        C = len(contracts)
+        self._queues = LinkedLists(self.num_blocks, K.NUM_CLASSES * G)
+        self.rho = np.array([c.rho_blocks_per_s for c in contracts], dtype=np.float64)
+        self.beta = np.array([c.beta_blocks for c in contracts], dtype=np.float64)
+        self.weight = self.rho / self.rho.min() if C else np.zeros(0)
+        self.balance = np.broadcast_to(self.beta, (G, C)).copy()
+        self.t0 = np.zeros((G, C), dtype=np.float64)
+        self.charged = np.zeros((G, C), dtype=np.int64)
+        self.materialized = np.zeros(G, dtype=np.int64)
+        self.class_count = np.zeros((G, K.NUM_CLASSES), dtype=np.int64)
+        self.granted = np.zeros(G, dtype=np.int64)
+        self.gated = np.zeros(G, dtype=np.int64)
+        self.in_debt = np.zeros(G, dtype=np.int64)
+        self.evictions = np.zeros((G, G + 1), dtype=np.int64)
+        self._P = np.zeros(G, dtype=np.float64)
+        self._W = np.zeros(G, dtype=np.float64)
+        self._heap = np.zeros(G, dtype=np.int32)
+
+    def bind_tenants(self, groups: Sequence[str], contracts: Sequence[Contract]) -> None:
+        """Name the groups and contracts and size the per-group state: buckets start full.
+
+        Must be called before any block is cached; rebinding resets all accounting (buckets,
+        counters, admission history, debt series)."""
+        if np.any(self.cached):
+            raise RuntimeError("bind_tenants after blocks were cached would orphan their owners")
+        if len(contracts) == 0:
+            raise ValueError("prefixshield needs at least one contract")
+        super().bind_tenants(groups, contracts)
+        self._alloc_group_state(len(self.groups), self.contracts)
+        self._bound = True
+
+    # ------------------------------------------------------------------ helpers
+    def _check(self, group: int, contract: int | None = None) -> None:
+        if not self._bound:
+            raise RuntimeError("prefixshield: call bind_tenants(groups, contracts) first")
+        if not 0 <= group < len(self.groups):
+            raise ValueError(f"group id {group} out of range: {len(self.groups)} groups bound")
+        if contract is not None and not 0 <= contract < len(self.contracts):
+            raise ValueError(f"contract id {contract} out of range: "
+                             f"{len(self.contracts)} contracts bound")
+
+    def _tick(self, now: float) -> float:
+        now = float(now)
+        if now > self._now:
+            self._now = now
+        return now
+
+    def _lists(self, glob: LinkedLists | None = None, queues: LinkedLists | None = None):
+        g = glob or self._glob
+        q = queues or self._queues
+        return g.prev, g.nxt, g.member, g.length, q.prev, q.nxt, q.member, q.length
+
+    # ------------------------------------------------------------------ Policy interface
+    def on_materialize(self, blocks: np.ndarray, hashes: np.ndarray, group: int, contract: int,
+                       prefix_id: int, now: float) -> None:
+        """Charge ``len(blocks)`` new full blocks to bucket (group, contract) at ``now`` seconds
+        and give the blocks owner, contract, prefix_id and initial class (one kernel call)."""
+        self._check(group, contract)
+        now = self._tick(now)
+        if len(blocks) == 0:
+            return
+        blocks = np.asarray(blocks, dtype=np.int32)
+        d, bad = K.materialize(blocks, group, contract, int(prefix_id), now, self.balance,
+                               self.t0, self.rho, self.beta, self.epsilon, self.segmentation,
+                               self._glob.member, self._hmap, self._hkey_g, self._hkey_p,
+                          self._hprev, self._hnxt, self._hused, self.owner, self.contract,
+                          self.prefix, self.klass, self.cached, self.hits, self.last_access,
+                          self.class_count, self.charged, self.materialized)
+        if bad >= 0:
+            raise ValueError(f"on_materialize: block {int(blocks[bad])} is free or not a block id "
+                             f"(materialized blocks must be in use); nothing was charged")
+        self.debt_log.append(now, group, d)
+
+    def on_hit(self, blocks: np.ndarray, group: int, contract: int, prefix_id: int,
+               now: float) -> None:
+        """Record reuse evidence for ``blocks`` and promote eligible ones if ``D_g(now) ≤ ε``
+        (one kernel call; nothing is charged)."""
+        self._check(group, contract)
+        now = self._tick(now)
+        if len(blocks) == 0:
+            return
+        K.hit(np.asarray(blocks, dtype=np.int32), group, contract, int(prefix_id), now,
+              self.balance, self.t0, self.rho, self.beta, self.epsilon, self.segmentation,
+              self.debt_gate, *self._lists(), self.owner, self.contract, self.prefix,
+              self.klass, self.cached, self.seq, self._seq_counter, self.hits, self.last_access,
+              self.class_count, self.granted, self.gated, self.in_debt)
+
+    def on_release(self, blocks: np.ndarray, cached: np.ndarray, now: float) -> None:
+        """``blocks`` became free in vLLM's free order; cached ones become candidates at the
+        most recent end of their class (one kernel call)."""
+        self._tick(now)
+        if len(blocks) == 0:
+            return
+        blocks = np.asarray(blocks, dtype=np.int32)
+        bad = K.release(blocks, np.asarray(cached, dtype=np.bool_), self.vllm_compat == "current",
+                        self.segmentation, *self._lists(), self.owner, self.contract, self.prefix,
+                        self.klass, self.cached, self.seq, self._seq_counter, self.hits,
+                        self.class_count)
+        if bad >= 0:
+            raise ValueError(f"on_release: block {int(blocks[bad])} is already free or not a "
+                             f"block id; blocks[:{bad}] were released")
+
+    def on_acquire(self, blocks: np.ndarray) -> None:
+        """Free cached ``blocks`` taken back into use leave the candidate lists (one kernel)."""
+        if len(blocks) == 0:
+            return
+        blocks = np.asarray(blocks, dtype=np.int32)
+        bad = K.acquire(blocks, *self._lists())
+        if bad >= 0:
+            raise ValueError(f"on_acquire: block {int(blocks[bad])} is not a free cached block; "
+                             f"blocks[:{bad}] were taken")
+
+    def select_victims(self, n: int, now: float, requester: int) -> np.ndarray:
+        """Remove and return ``n`` free blocks: truly free ones first, then reclaimed candidates
+        by projected debt at ``now`` seconds (one kernel call for all ``n``)."""
+        self._check(requester)
+        now = self._tick(now)
+        if n > self.num_free():
+            raise ValueError(f"cannot select {n} victims: {self.num_free()} free blocks")
+        out = np.empty(n, dtype=np.int32)
+        if n > 0:
+            K.select(n, now, requester, out, self.balance, self.t0, self.rho, self.beta,
+                     self.weight, self.epsilon, self.responsibility, *self._lists(),
+                     self.owner, self.contract, self.prefix, self.klass, self.cached, self.seq,
+                     self.hits, self.class_count, self.evictions, self._P, self._W, self._heap)
+        return out
+
+    def num_free(self) -> int:
+        """Free blocks held (truly free plus cached candidates)."""
+        return int(self._glob.length.sum())
+
+    def num_truly_free(self) -> int:
+        """Free blocks without a hash (handed out before any reclamation)."""
+        return int(self._glob.length[K.TRULY_FREE])
+
+    def free_mask(self) -> np.ndarray:
+        """Bool per block id: True where the block is free (truly free or a cached candidate)."""
+        return self._glob.member >= 0
+
+    def free_order(self) -> np.ndarray:
+        """The free blocks in the order :meth:`select_victims` would hand them out if asked for
+        all of them at the latest clock seen (a dry run on copies; the state is untouched)."""
+        n = self.num_free()
+        out = np.empty(n, dtype=np.int32)
+        if n == 0:
+            return out
+        if not self._bound:
+            return self._glob.to_array(K.TRULY_FREE)
+        glob = _copy_lists(self._glob)
+        queues = _copy_lists(self._queues)
+        K.select(n, self._now, 0, out, self.balance, self.t0, self.rho, self.beta, self.weight,
+                 self.epsilon, self.responsibility, *self._lists(glob, queues),
+                 self.owner.copy(), self.contract.copy(), self.prefix.copy(), self.klass.copy(),
+                 self.cached.copy(), self.seq, self.hits.copy(), self.class_count.copy(),
+                 self.evictions.copy(), self._P.copy(), self._W.copy(), self._heap.copy())
+        return out
+
+    # ------------------------------------------------------------------ accounting views
+    def effective_balance(self, group: int, contract: int, now: float) -> float:
+        """``B̂_{g,c}(now)`` in blocks (no side effect)."""
+        self._check(group, contract)
+        return float(K.effective_balance(self.balance[group, contract], self.t0[group, contract],
+                                         self.rho[contract], self.beta[contract], float(now)))
+
+    def debt(self, group: int, now: float) -> float:
+        """Raw debt ``D_g(now)`` in blocks (no side effect)."""
+        self._check(group)
+        return float(K.group_debt(self.balance, self.t0, self.rho, self.beta, group, float(now)))
+
+    def normalized_debt(self, group: int, now: float) -> tuple[float, float]:
+        """``(D̃_g(now), W_g(now))``: normalized debt (blocks / weight) and the largest weight of
+        an indebted contract (0.0 when none)."""
+        self._check(group)
+        d, w = K.group_normalized_debt(self.balance, self.t0, self.rho, self.beta, self.weight,
+                                       group, float(now))
+        return float(d), float(w)
+
+    def clearance_time_s(self, group: int, now: float) -> float:
+        """Seconds of quiescence after ``now`` until ``D_g`` reaches 0:
+        ``max_c max(0, −B̂_{g,c}(now)) / rho_c`` (the Proposition's bound on gating)."""
+        self._check(group)
+        return max((max(0.0, -self.effective_balance(group, c, now)) / self.rho[c]
+                    for c in range(len(self.contracts))), default=0.0)
+
+    def block_classes(self) -> np.ndarray:
+        """Retention class per block (int8; meaningful where :attr:`cached`)."""
+        return self.klass.copy()
+
+    # ------------------------------------------------------------------ observability
+    def stats(self) -> dict:
+        """JSON-able counters at the latest clock seen (units: blocks, seconds).
+
+        Keys: ``flags``; ``groups``; ``clock_s``; ``cached_blocks`` and ``free_cached_blocks``
+        (per group, per class name; cached = in use + free); ``truly_free_blocks``;
+        ``debt_blocks`` / ``normalized_debt`` (per group, now); ``debt_samples`` (``t_s``,
+        ``group``, ``debt_blocks`` lists, one per charge, bounded); ``promotions_granted``,
+        ``promotions_gated``, ``promotions_in_debt`` (per group); ``evictions`` (matrix
+        ``[requesting group][owner]``, owners named by ``eviction_owners``, the last being an
+        unknown owner); ``charged_blocks`` (per group, a list indexed like ``contracts``);
+        ``materialized_blocks`` (per group)."""
+        G = len(self.groups)
+        names = list(self.groups)
+        q = self._queues
+        free_cls = q.length.reshape(G, K.NUM_CLASSES) if G else np.zeros((0, 3), dtype=np.int64)
+        t, grp, d = self.debt_log.arrays()
+        return {
+            "policy": self.name,
+            "flags": {"segmentation": self.segmentation, "debt_gate": self.debt_gate,
+                      "responsibility": self.responsibility, "epsilon": self.epsilon,
+                      "history_factor": self.history_factor,
+                      "history_capacity": self.history_capacity},
+            "groups": names,
+            "clock_s": self._now,
+            "cached_blocks": {names[g]: dict(zip(CLASS_NAMES, map(int, self.class_count[g])))
+                              for g in range(G)},
+            "free_cached_blocks": {names[g]: dict(zip(CLASS_NAMES, map(int, free_cls[g])))
+                                   for g in range(G)},
+            "truly_free_blocks": self.num_truly_free(),
+            "debt_blocks": {names[g]: self.debt(g, self._now) for g in range(G)},
+            "normalized_debt": {names[g]: self.normalized_debt(g, self._now)[0]
+                                for g in range(G)},
+            "debt_samples": {"t_s": t.tolist(), "group": grp.tolist(), "debt_blocks": d.tolist(),
+                             "stride": self.debt_log.stride},
+            "promotions_granted": {names[g]: int(self.granted[g]) for g in range(G)},
+            "promotions_gated": {names[g]: int(self.gated[g]) for g in range(G)},
+            "promotions_in_debt": {names[g]: int(self.in_debt[g]) for g in range(G)},
+            "evictions": self.evictions.tolist(),
+            "eviction_owners": names + ["<unknown>"],
+            "contracts": [c.name for c in self.contracts],
+            "charged_blocks": {names[g]: [int(x) for x in self.charged[g]] for g in range(G)},
+            "materialized_blocks": {names[g]: int(self.materialized[g]) for g in range(G)},
+        }
+
+    def check_invariants(self) -> None:
+        """Raise ``AssertionError`` naming the first broken invariant.
+
+        I1: per group, blocks charged (all contracts) == blocks materialized. I2 (with the gate
+        on): no promotion happened while ``D_g > ε``. Free set: the truly free list holds
+        uncached blocks only; each class list holds cached blocks of that class in strictly
+        increasing native order; every owned candidate is in exactly its (owner, class) list;
+        per-(group, class) cached counts match the block labels; without segmentation every
+        cached block is NORMAL."""
+        G = len(self.groups)
+        N = self.num_blocks
+        charged = self.charged.sum(axis=1)
+        bad = np.flatnonzero(charged != self.materialized)
+        if bad.size:
+            g = int(bad[0])
+            raise AssertionError(f"I1: group {self.groups[g]!r} charged {int(charged[g])} blocks "
+                                 f"but materialized {int(self.materialized[g])}")
+        if self.debt_gate and self.in_debt.any():
+            g = int(np.flatnonzero(self.in_debt)[0])
+            raise AssertionError(f"I2: group {self.groups[g]!r} had {int(self.in_debt[g])} "
+                                 f"promotion(s) while its debt exceeded epsilon={self.epsilon}")
+        glob = self._glob
+        tf = glob.to_array(K.TRULY_FREE)
+        if self.cached[tf].any():
+            raise AssertionError(f"truly free list holds cached block(s) {tf[self.cached[tf]][:5]}")
+        if 0 in tf or glob.member[0] != -1:
+            raise AssertionError("the null block is in a free list")
+        seen = tf.shape[0]
+        for k in range(K.NUM_CLASSES):
+            blocks = glob.to_array(k)
+            seen += blocks.shape[0]
+            if not self.cached[blocks].all():
+                raise AssertionError(f"class list {CLASS_NAMES[k]} holds uncached block(s) "
+                                     f"{blocks[~self.cached[blocks]][:5]}")
+            wrong = blocks[self.klass[blocks] != k]
+            if wrong.size:
+                raise AssertionError(f"block {int(wrong[0])} of class {int(self.klass[wrong[0]])} "
+                                     f"is in the {CLASS_NAMES[k]} list")
+            if blocks.size > 1 and not np.all(np.diff(self.seq[blocks]) > 0):
+                raise AssertionError(f"{CLASS_NAMES[k]} list is not in native free order")
+            own = self.owner[blocks]
+            want = np.where(own >= 0, K.NUM_CLASSES * own + k, -1)
+            got = self._queues.member[blocks]
+            if not np.array_equal(want, got):
+                i = int(np.flatnonzero(want != got)[0])
+                raise AssertionError(f"candidate {int(blocks[i])} (owner {int(own[i])}, class "
+                                     f"{CLASS_NAMES[k]}) is in group list {int(got[i])}, "
+                                     f"expected {int(want[i])}")
+        if seen != self.num_free() or int(glob.length.sum()) != seen:
+            raise AssertionError(f"free lists hold {seen} blocks but report {self.num_free()}")
+        q = self._queues
+        for lst in range(K.NUM_CLASSES * G):
+            blocks = list_to_array(q.nxt, N, lst, q.length[lst])
+            g, k = divmod(lst, K.NUM_CLASSES)
+            if blocks.size and (np.any(self.owner[blocks] != g) or np.any(self.klass[blocks] != k)):
+                raise AssertionError(f"group list ({self.groups[g]!r}, {CLASS_NAMES[k]}) holds a "
+                                     f"block of another group or class")
+            if blocks.size > 1 and not np.all(np.diff(self.seq[blocks]) > 0):
+                raise AssertionError(f"group list ({self.groups[g]!r}, {CLASS_NAMES[k]}) is not in "
+                                     f"native free order")
+        if int(q.length.sum()) != int(np.count_nonzero(q.member >= 0)):
+            raise AssertionError("group list lengths disagree with their members")
+        owned = self.cached & (self.owner >= 0)
+        counts = np.zeros((G, K.NUM_CLASSES), dtype=np.int64)
+        np.add.at(counts, (self.owner[owned], self.klass[owned].astype(np.int64)), 1)
+        if not np.array_equal(counts, self.class_count):
+            raise AssertionError(f"cached blocks per (group, class) {counts.tolist()} != counters "
+                                 f"{self.class_count.tolist()}")
+        if not self.segmentation and np.any(self.klass[self.cached] != NORMAL):
+            raise AssertionError("segmentation is off but a cached block is not NORMAL")
+
+
+def _copy_lists(lists: LinkedLists) -> LinkedLists:
+    out = LinkedLists.__new__(LinkedLists)
+    out.num_blocks = lists.num_blocks
+    out.num_lists = lists.num_lists
+    out.prev = lists.prev.copy()
+    out.nxt = lists.nxt.copy()
+    out.member = lists.member.copy()
+    out.length = lists.length.copy()
+    return out
