@@ -40,11 +40,13 @@ def _user_errors(fn):
 
 
 def _policy_names(values: tuple[str, ...]) -> tuple[str, ...]:
+    """Expand 'all' and comma-separated plain names; a spec with ':' keeps its commas."""
     from prefixshield.policies import POLICIES
 
     names: list[str] = []
     for v in values:
-        for name in v.split(","):
+        parts = [v] if ":" in v else v.split(",")
+        for name in parts:
             name = name.strip()
             if name == "all":
                 names.extend(sorted(POLICIES))
@@ -95,8 +97,9 @@ def _engine_options(fn):
 @main.command()
 @click.argument("workload")
 @click.option("--policy", "-p", "policies", multiple=True, default=("lru",), show_default=True,
-              help="Policy to run (repeat, comma-separate, or 'all'). Every policy gets the "
-                   "identical trace.")
+              help="Policy to run: a name, 'all', or NAME:KEY=VALUE[,KEY=VALUE] with constructor "
+                   "arguments (e.g. prefixshield:debt_gate=false). Repeat for several; every "
+                   "policy gets the identical trace.")
 @_engine_options
 @click.option("--seed", type=int, default=0, show_default=True, help="Trace seed.")
 @click.option("--alpha", type=float, default=0.6, show_default=True,

@@ -57,6 +57,46 @@ def _convert(text: str, tp: Any, key: str) -> Any:
     raise OverrideError(f"--set {key}: this parameter cannot be set from the command line")
 
 
+def _convert_keyed(text: str, tp: Any, key: str, where: str) -> Any:
+    try:
+        return _convert(text, tp, key)
+    except OverrideError as e:
+        raise OverrideError(str(e).replace("--set", where, 1)) from None
+
+
+def parse_policy_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"name"`` or ``"name:key=value,key=value"`` -> (policy name, typed constructor kwargs).
+
+    The keys are the keyword parameters of the policy class (beyond ``num_blocks`` and
+    ``vllm_compat``), typed from its signature; e.g. ``prefixshield:debt_gate=false``.
+    """
+    import inspect
+
+    from prefixshield.policies import POLICIES
+
+    name, _, rest = spec.partition(":")
+    name = name.strip()
+    if name not in POLICIES:
+        raise OverrideError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}")
+    if not rest.strip():
+        return name, {}
+    cls = POLICIES[name]
+    sig = inspect.signature(cls.__init__)
+    hints = typing.get_type_hints(cls.__init__)
+    known = [p for p in sig.parameters if p not in ("self", "num_blocks", "vllm_compat")]
+    out: dict[str, Any] = {}
+    for item in rest.split(","):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise OverrideError(f"policy {spec!r}: expected name:key=value[,key=value]")
+        if key not in known:
+            raise OverrideError(f"policy {name!r} has no parameter {key!r}; known: "
+                                f"{', '.join(known) or 'none'}")
+        out[key] = _convert_keyed(value.strip(), hints.get(key, str), key, f"policy {name}:")
+    return name, out
+
+
 def parse_overrides(params_type: type, items: typing.Iterable[str]) -> dict[str, Any]:
     """Turn ``["key=value", ...]`` into typed values for the fields of ``params_type``."""
     hints = typing.get_type_hints(params_type)

@@ -17,7 +17,8 @@ import pandas as pd
 
 from prefixshield import __version__
 from prefixshield.atomic import write_text, write_with
-from prefixshield.policies import POLICIES, make_policy
+from prefixshield.experiments.overrides import parse_policy_spec
+from prefixshield.policies import make_policy
 from prefixshield.simulator.capacity import measure_c_prefill
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import Profile
@@ -34,7 +35,8 @@ class RunSpec:
 
     Attributes:
         workload: a registered workload name, or the path of a trace Parquet file.
-        policies: policy names, each run on the identical trace.
+        policies: policy specs ``name`` or ``name:key=value,...`` (constructor arguments, e.g.
+            ``prefixshield:debt_gate=false``), each run on the identical trace.
         engine: engine settings (blocks, block size, scheduler limits, compat mode).
         profile: the cost-model profile.
         alpha: nominal load; a generated workload's base rate is ``alpha * C_prefill``.
@@ -51,9 +53,8 @@ class RunSpec:
     overrides: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        unknown = [p for p in self.policies if p not in POLICIES]
-        if unknown:
-            raise ValueError(f"unknown policy {unknown[0]!r}; known: {', '.join(sorted(POLICIES))}")
+        for spec in self.policies:
+            parse_policy_spec(spec)  # raises on an unknown name or parameter
         if not self.policies:
             raise ValueError("no policy given")
         if not self.alpha > 0:
@@ -87,12 +88,20 @@ def run_policies(trace: Trace, spec: RunSpec,
                  on_done: Callable[[str, RunResult], None] | None = None) -> dict[str, RunResult]:
     """Run ``trace`` once per policy of ``spec`` (a fresh policy and engine each time)."""
     results = {}
-    for name in spec.policies:
-        policy = make_policy(name, spec.engine.num_blocks, vllm_compat=spec.engine.vllm_compat)
-        results[name] = Engine(trace, policy, spec.profile.cost, spec.engine).run()
+    for label in spec.policies:
+        name, kwargs = parse_policy_spec(label)
+        policy = make_policy(name, spec.engine.num_blocks, vllm_compat=spec.engine.vllm_compat,
+                             **kwargs)
+        results[label] = Engine(trace, policy, spec.profile.cost, spec.engine).run()
         if on_done is not None:
-            on_done(name, results[name])
+            on_done(label, results[label])
     return results
+
+
+def label_dir(label: str) -> str:
+    """A folder name for a policy spec (``prefixshield:debt_gate=false`` ->
+    ``prefixshield-debt_gate-false``)."""
+    return label.replace(":", "-").replace("=", "-").replace(",", "_").replace("/", "_")
 
 
 def summary_frame(results: dict[str, RunResult]) -> pd.DataFrame:
@@ -148,12 +157,13 @@ def write_outputs(out_dir: str | Path, spec: RunSpec, trace: Trace, trace_info: 
                                        default=_jsonable) + "\n")
     write_trace(trace, out / "trace.parquet")
     written.append(out / "trace.parquet")
-    for name, r in results.items():
-        put_parquet(f"{name}/records.parquet", r.records)
-        put_parquet(f"{name}/occupancy.parquet", occupancy_frame(r))
-        put_text(f"{name}/groups.csv", group_table(r).to_csv(index=False))
-        put_text(f"{name}/evictions.csv", eviction_matrix(r).to_csv())
-        put_text(f"{name}/policy_stats.json", json.dumps(r.policy_stats, indent=2,
-                                                         default=_jsonable) + "\n")
+    for label, r in results.items():
+        d = label_dir(label)
+        put_parquet(f"{d}/records.parquet", r.records)
+        put_parquet(f"{d}/occupancy.parquet", occupancy_frame(r))
+        put_text(f"{d}/groups.csv", group_table(r).to_csv(index=False))
+        put_text(f"{d}/evictions.csv", eviction_matrix(r).to_csv())
+        put_text(f"{d}/policy_stats.json", json.dumps(r.policy_stats, indent=2,
+                                                      default=_jsonable) + "\n")
     put_text("summary.csv", summary_frame(results).to_csv(index=False))
     return written

@@ -288,6 +288,13 @@ class DelayedReplayParams(AttackParams):
     ``neutral_rate`` until the end of the run. ``attack=False`` removes the attacker rows only
     (the neutral pressure stays).
 
+    Defaults differ from one_touch so that the replay can hit at all: the victim's hot set is
+    half the cache (``hot_fraction=0.5``) and suffixes stay inside one partial block
+    (``suffix_tokens=(1, 15)``, so no request creates cached blocks beyond its prefix). Then the
+    K = 2 admitted attacker prefixes (2 x 96 blocks, more than the best-effort burst of 128, so
+    the attacker is in debt) fit beside the hot set and survive, unevicted, until the replay;
+    the replay's hits are exactly the promotion-eligible blocks the debt gate decides on.
+
     Attributes:
         wait_factor: multiple of the clearance time to wait (the ablation uses 0, 0.5, 1.0).
         replay_set: K (None: the number of hot prefixes).
@@ -297,8 +304,10 @@ class DelayedReplayParams(AttackParams):
     """
 
     wait_factor: float = 1.0
-    replay_set: int | None = None
+    replay_set: int | None = 2
     replay_passes: int = 1
+    hot_fraction: float = 0.5
+    suffix_tokens: tuple[int, int] = (1, 15)
     neutral_group: str = "benign"
     neutral_contract: str = "standard"
     neutral_rate: float | None = None
