@@ -86,3 +86,21 @@ def test_trace_import_of_a_malformed_file_names_file_and_line(tmp_path):
     r = invoke("trace", "import", "mooncake", bad, tmp_path / "o.parquet")
     assert r.exit_code != 0 and "line 2" in r.output and str(bad) in r.output
     assert not (tmp_path / "o.parquet").exists()
+
+
+def test_compare_prints_paired_differences_and_writes_csv(tmp_path):
+    out = tmp_path / "cmp.csv"
+    r = invoke("compare", "one_touch", "-p", "lru,prefixshield", "--seeds", "2", *SMALL,
+               "--out", out)
+    assert r.exit_code == 0, r.output
+    assert "differences vs lru" in r.output and "prefixshield" in r.output
+    runs = pd.read_csv(out)
+    assert sorted(runs["seed"].unique()) == [0, 1] and set(runs["policy"]) == {"lru", "prefixshield"}
+    paired = pd.read_csv(f"{out}.paired.csv")
+    assert {"hit_ratio_diff", "hit_ratio_ci_low", "hit_ratio_ci_high"} <= set(paired.columns)
+
+
+def test_policy_spec_with_unknown_parameter_is_one_error_line():
+    r = invoke("run", "one_touch", "-p", "prefixshield:nope=1")
+    assert r.exit_code != 0 and "has no parameter 'nope'" in r.output
+    assert "Traceback" not in r.output
