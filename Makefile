@@ -36,6 +36,7 @@ test: $(VENV)/.vllm
 
 bench: $(VENV)/.vllm
 	$(BIN)/python benchmarks/bench_engine.py
+	$(BIN)/python benchmarks/bench_selector.py
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .hypothesis
