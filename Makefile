@@ -37,6 +37,7 @@ test: $(VENV)/.vllm
 bench: $(VENV)/.vllm
 	$(BIN)/python benchmarks/bench_engine.py
 	$(BIN)/python benchmarks/bench_selector.py
+	$(BIN)/python benchmarks/bench_oracle.py
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .hypothesis

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-libcachesim = pytest.importorskip("libcachesim")
+import libcachesim  # noqa: E402  (a test dependency: missing means failing, not skipping)
 
 from prefixshield.policies import make_policy  # noqa: E402
 from prefixshield.simulator.cachedriver import replay_keys  # noqa: E402
