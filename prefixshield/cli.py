@@ -344,7 +344,7 @@ def trace_inspect(path, block_size):
 
 @main.command()
 @click.option("--model", "model_dir", required=True, type=click.Path(file_okay=False, exists=True),
-              help="Model directory (random weights are fine: step time depends on shapes).")
+              help="Model directory (random weights are fine: `prefixshield make-model`).")
 @click.option("--name", required=True, help="Profile name, e.g. cpu-tiny-qwen2.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Profile file to write [default: NAME.toml].")
@@ -352,7 +352,8 @@ def trace_inspect(path, block_size):
               help="KV block size (vLLM's CPU attention needs a multiple of 32).")
 @click.option("--blocks", "num_blocks", type=int, default=2048, show_default=True,
               help="KV blocks for the engine under test.")
-@click.option("--dtype", default="auto", show_default=True, help="Model dtype for vLLM.")
+@click.option("--dtype", default="float32", show_default=True,
+              help="Model dtype for vLLM (float32: what `validate` runs the tiny model with).")
 @click.option("--quick", is_flag=True, help="A small grid (for smoke tests).")
 @_user_errors
 def calibrate(model_dir, name, out_path, block_size, num_blocks, dtype, quick):
@@ -382,6 +383,128 @@ def calibrate(model_dir, name, out_path, block_size, num_blocks, dtype, quick):
                   f"s/context token; R^2={fit.r2:.3f}, median |rel err| "
                   f"{100 * fit.median_abs_rel_error:.1f}%")
     console.print(f"wrote {path}")
+
+
+@main.command("make-model")
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--arch", default="tiny-qwen2", show_default=True,
+              type=click.Choice(["tiny-qwen2", "qwen2.5-1.5b", "qwen2.5-7b"]),
+              help="Architecture: the tiny CPU test model or a public Qwen2.5 shape.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Weight RNG seed.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
+              help="Weight dtype [default: float32 for tiny-qwen2, bfloat16 otherwise].")
+@click.option("--dry-run", is_flag=True, help="Print config.json and the parameter count only.")
+@click.option("--overwrite", is_flag=True, help="Replace a non-empty OUT_DIR.")
+@_user_errors
+def make_model(out_dir, arch, seed, dtype, dry_run, overwrite):
+    """Write a random-weight model with the exact shapes of ARCH (no download, no tokenizer).
+
+    Step time depends on a model's shapes, not its weights: calibrate and validate on it with
+    token-id prompts (vLLM runs it with skip_tokenizer_init=True).
+    """
+    import json
+
+    from prefixshield.validate.tinymodel import model_config, num_parameters, write_tiny_model
+
+    if dry_run:
+        console.print_json(json.dumps(model_config(arch)))
+        console.print(f"{num_parameters(arch):,} parameters")
+        return
+    path = write_tiny_model(out_dir, arch=arch, seed=seed, dtype=dtype, overwrite=overwrite)
+    console.print(f"wrote {arch} ({num_parameters(arch):,} parameters) to {path}/")
+
+
+@main.command()
+@click.argument("workload")
+@click.option("--policy", "-p", default="lru", show_default=True,
+              help="Policy installed in vLLM (by the plugin) and in the simulator.")
+@click.option("--profile", required=True,
+              help="Cost-model profile of the simulated side: a shipped name or a .toml path.")
+@click.option("--model", "model_dir", type=click.Path(file_okay=False), default=None,
+              help="Model directory [default: a tiny-qwen2 written to OUT/model].")
+@click.option("--blocks", "num_blocks", type=int, default=64, show_default=True,
+              help="KV blocks, null block included (vLLM num_gpu_blocks_override).")
+@click.option("--block-size", type=int, default=32, show_default=True,
+              help="Tokens per block (vLLM's CPU attention: a multiple of 32).")
+@click.option("--max-num-seqs", type=int, default=16, show_default=True,
+              help="Most running requests per step.")
+@click.option("--max-num-batched-tokens", type=int, default=8192, show_default=True,
+              help="Token budget per step (chunked prefill).")
+@click.option("--timed", is_flag=True,
+              help="Honour arrival times on the wall clock [default: one request at a time].")
+@click.option("--seed", type=int, default=0, show_default=True, help="Trace seed.")
+@click.option("--alpha", type=float, default=0.6, show_default=True,
+              help="Nominal load: base arrival rate = alpha x C_prefill of the profile.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a workload parameter (repeatable).")
+@click.option("--check-invariants", is_flag=True,
+              help="Check the pool/policy invariants after every block-pool call (slow).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Write sim_vs_live.{md,csv,json} and sim_vs_live_requests.csv here.")
+@_user_errors
+def validate(workload, policy, profile, model_dir, num_blocks, block_size, max_num_seqs,
+             max_num_batched_tokens, timed, seed, alpha, overrides, check_invariants, out_dir):
+    """Replay WORKLOAD on a real vLLM with POLICY installed, and in the simulator; write the
+    sim-vs-live report (Metric / vLLM / Sim / Diff%, per-request cached-token agreement).
+
+    WORKLOAD is a generated workload name or a trace .parquet file. Needs vLLM installed.
+    Small pools cannot hold the 1,536-token C_prefill probe: give the rate with
+    --set base_rate=... (requests/s) and prompt sizes with --set prefix_tokens=....
+    """
+    from prefixshield.experiments.overrides import parse_overrides
+    from prefixshield.experiments.single import RunSpec, build_trace, is_trace_file
+    from prefixshield.simulator.config import EngineConfig
+    from prefixshield.simulator.costmodel import load_profile
+    from prefixshield.traces import generators
+    from prefixshield.traces.generators import WORKLOADS
+
+    if not is_trace_file(workload) and workload not in WORKLOADS:
+        raise click.BadParameter(f"unknown workload {workload!r}; known: {_workload_names()} "
+                                 "(or a .parquet trace file)", param_hint="WORKLOAD")
+    typed = {}
+    if overrides:
+        if is_trace_file(workload):
+            raise click.BadParameter("--set applies to generated workloads, not trace files",
+                                     param_hint="--set")
+        typed = parse_overrides(WORKLOADS[workload].params_type, overrides)
+    engine = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=max_num_batched_tokens, vllm_compat="current")
+    prof = load_profile(profile)
+    if is_trace_file(workload) or "base_rate" not in typed:
+        spec = RunSpec(workload=workload, policies=(policy,), engine=engine, profile=prof,
+                       alpha=alpha, seed=seed, overrides=typed)
+        trace, _info = build_trace(spec)
+    else:
+        trace = generators.generate(workload, **{"seed": seed, "alpha": alpha,
+                                                 "block_size": block_size,
+                                                 "num_blocks": num_blocks, **typed})
+    try:
+        from prefixshield.validate.compare import to_markdown
+        from prefixshield.validate.compare import validate as run_validation
+        from prefixshield.validate.live import LiveError
+        from prefixshield.validate.plugin import PluginError  # imports vLLM
+        from prefixshield.validate.tinymodel import write_tiny_model
+    except ImportError as e:
+        raise click.ClickException(f"validate needs vLLM installed (make install-vllm): {e}") \
+            from None
+    if model_dir is None:
+        model_dir = Path(out_dir) / "model"
+        if not (model_dir / "config.json").exists():
+            write_tiny_model(model_dir, overwrite=True)
+    console.print(f"[bold]{workload}[/]: {len(trace)} requests; policy {policy}; "
+                  f"{num_blocks} blocks x {block_size} tokens; "
+                  f"{'timed' if timed else 'serialized'} arrivals; model {model_dir}")
+    try:
+        with console.status("replaying on vLLM, then in the simulator..."):
+            report = run_validation(trace, policy, str(model_dir), num_blocks, prof.cost,
+                                    block_size=block_size, serialize=not timed,
+                                    max_num_seqs=max_num_seqs,
+                                    max_num_batched_tokens=max_num_batched_tokens,
+                                    check_invariants=check_invariants, out_dir=out_dir)
+    except (LiveError, PluginError) as e:
+        raise click.ClickException(str(e)) from None
+    console.print(to_markdown(report), markup=False)
+    console.print(f"wrote the report to {out_dir}/")
 
 
 @main.command()

@@ -68,7 +68,7 @@ def profile_toml(name: str, fit: Fit, facts: dict, grid_text: str) -> str:
         f"d_s_per_context_token = {c.d_s_per_context_token!r}\n\n"
         "[provenance]\n"
         'status = "measured"\n'
-        f"hardware = {_q(facts.get('hardware', 'unknown'))}\n"
+        f"hardware = {_q(facts.get('device', 'unknown'))}\n"
         f"model = {_q(str(facts.get('model', 'unknown')) + ' (' + str(facts.get('architecture', '')) + ')')}\n"
         f"vllm_version = {_q(facts.get('vllm_version', 'unknown'))}\n"
         f"attention_backend = {_q(facts.get('attention_backend', 'unknown'))}\n"

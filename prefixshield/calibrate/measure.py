@@ -15,7 +15,6 @@ depends on a model's shapes, not its values. Greedy decoding with forced output 
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -72,33 +71,24 @@ class Measurement:
 
 
 class _Driver:
-    """An in-process vLLM engine plus helpers to run timed steps."""
+    """An in-process vLLM engine (the live mode's, native block pool) plus timed steps."""
 
     def __init__(self, model_dir: str, block_size: int, num_blocks: int, max_num_seqs: int,
                  max_num_batched_tokens: int, dtype: str) -> None:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        import torch
-        from vllm import LLM, SamplingParams
+        from vllm import SamplingParams
 
-        from prefixshield.calibrate.vllm_workarounds import guard_llvmlite_for_vllm
+        from prefixshield.validate.live import LiveEngine, LiveEngineConfig
 
-        guard_llvmlite_for_vllm()
-
-        # On the CPU backend gpu_memory_utilization is the share of *host* memory vLLM reserves;
-        # the default 0.92 fails on a shared machine, and num_gpu_blocks_override sizes the KV.
-        memory_share = 0.9 if torch.cuda.is_available() else 0.2
-
+        # Same engine set-up as `prefixshield validate` (threads, binding, CPU work-arounds), so
+        # a profile measured here describes the engine the validation replays against.
+        self.live = LiveEngine(LiveEngineConfig(
+            model_dir=model_dir, num_blocks=num_blocks, block_size=block_size,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            dtype=dtype))
         self._sampling = SamplingParams
-        self.llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype=dtype,
-                       block_size=block_size, enable_prefix_caching=True,
-                       num_gpu_blocks_override=num_blocks, max_num_seqs=max_num_seqs,
-                       max_num_batched_tokens=max_num_batched_tokens,
-                       max_model_len=max_num_batched_tokens, enforce_eager=True,
-                       gpu_memory_utilization=memory_share)
-        self.engine = self.llm.llm_engine
+        self.engine = self.live.engine
         self._ids = itertools.count()
-        self._vocab = 1000
+        self._vocab = int(self.live.config.model_config().get("vocab_size", 1000))
         self._rng = np.random.default_rng(0)
 
     def fresh_tokens(self, n: int) -> list[int]:
@@ -123,7 +113,7 @@ class _Driver:
 
 
 def measure_step_times(model_dir: str, block_size: int = 32, num_blocks: int = 2048,
-                       grid: CalibrationGrid = CalibrationGrid(), dtype: str = "auto",
+                       grid: CalibrationGrid = CalibrationGrid(), dtype: str = "float32",
                        max_num_seqs: int = 64, max_num_batched_tokens: int = 8192,
                        progress=None) -> Measurement:
     """Time prefill and decode steps of a real vLLM engine over ``grid``.
@@ -186,48 +176,14 @@ def measure_step_times(model_dir: str, block_size: int = 32, num_blocks: int = 2
             done += 1
             if progress:
                 progress(done, total)
-    facts = engine_facts(driver)
+    facts = driver.live.facts()
+    driver.live.close()
     return Measurement(samples, facts)
 
 
 def _prefilling(driver: _Driver) -> bool:
-    sched = driver.engine.engine_core.engine_core.scheduler
+    sched = driver.live.scheduler
     return any(r.num_computed_tokens < r.num_prompt_tokens for r in sched.running) or \
         bool(len(sched.waiting))
 
 
-def engine_facts(driver: _Driver) -> dict:
-    """vLLM version, device, attention backend, block count and size actually used."""
-    import platform
-
-    import torch
-    import vllm
-
-    cfg = driver.engine.vllm_config
-    if torch.cuda.is_available():
-        hardware = torch.cuda.get_device_name(0)
-    else:
-        hardware = _cpu_name() or platform.processor() or "CPU"
-    backend = getattr(cfg.attention_config, "backend", None) if hasattr(cfg, "attention_config") \
-        else None
-    return {
-        "vllm_version": vllm.__version__,
-        "hardware": hardware,
-        "attention_backend": str(backend) if backend else f"{'CUDA' if torch.cuda.is_available() else 'CPU'} default",
-        "num_gpu_blocks": int(cfg.cache_config.num_gpu_blocks),
-        "block_size": int(cfg.cache_config.block_size),
-        "model": cfg.model_config.model,
-        "architecture": ",".join(cfg.model_config.architectures or []),
-        "dtype": str(cfg.model_config.dtype),
-    }
-
-
-def _cpu_name() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        return None
-    return None

@@ -25,7 +25,7 @@ def synthetic(noise: float = 0.0, seed: int = 0) -> Measurement:
             samples.append(StepSample("decode", 0, b, b * c, s))
     for s in samples:
         s.seconds *= 1 + noise * rng.standard_normal()
-    return Measurement(samples, {"hardware": "test", "model": "m", "architecture": "A",
+    return Measurement(samples, {"device": "test", "model": "m", "architecture": "A",
                                  "vllm_version": "0", "attention_backend": "x",
                                  "block_size": 32, "num_gpu_blocks": 64, "dtype": "float32"})
 

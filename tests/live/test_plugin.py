@@ -1,0 +1,222 @@
+"""The vLLM plugin on vLLM's real ``KVCacheManager`` (no model): LRU through the plugin is vLLM
+block for block, every policy keeps vLLM's invariants, quotas gate admission, request metadata
+reaches the policy, and misconfiguration or a broken policy is a clear error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kv_driver import SALTS, Side, run_stream
+
+from prefixshield.policies import POLICIES
+from prefixshield.traces.contracts import DEFAULT_CONTRACTS
+from prefixshield.validate import plugin
+
+GROUPS = ["default", "tenant-a", "tenant-b"]
+
+
+def env(policy: str, **kw) -> dict:
+    kw.setdefault("groups", GROUPS)
+    return plugin.plugin_env(policy, **kw)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lru_through_the_plugin_is_vllm_block_for_block(seed):
+    native = Side(36, 16)
+    ours = Side(36, 16, env("lru", check_invariants=True))
+    assert type(native.pool).__name__ == "BlockPool"
+    assert isinstance(ours.pool, plugin.PolicyBlockPool)
+
+    def same_order(side, op):
+        # the policy's order *is* vLLM's queue order: the queue stays exact under the plugin
+        assert side.free_queue() == side.pool.policy.free_order().tolist(), f"op {op}"
+
+    expected = run_stream(native, seed)
+    got = run_stream(ours, seed, after_op=same_order)
+    assert got == expected
+    assert ours.pool.prefixshield_stats()["num_evictions"] > 0  # the stream did reclaim
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("seed", range(3))
+def test_every_policy_keeps_vllm_invariants(policy, seed):
+    side = Side(40, 16, env(policy, check_invariants=True))
+    obs = run_stream(side, seed, num_ops=250)
+    pool = side.pool
+    pool.check_invariants()
+    assert pool.free_block_queue.num_free_blocks == 39  # everything released at the end
+    assert pool.get_num_free_blocks() == pool.policy.num_free() == 39
+    assert any(o[0] == "admit" and o[2] for o in obs)
+    stats = pool.prefixshield_stats()
+    assert stats["policy"] == policy and stats["groups"] == GROUPS
+
+
+def test_static_quota_refuses_a_group_at_its_quota_while_blocks_are_free():
+    side = Side(40, 16, env("static_quota", check_invariants=True))  # quota 39 // 3 = 13
+    assert side.pool.policy.quota == 13
+    big = side.make_request("big", list(range(14 * 16)), "tenant-a")
+    ok, _, _ = side.admit(big, 1 << 20)
+    assert not ok                                  # 14 blocks > quota, though 39 are free
+    assert side.pool.free_block_queue.num_free_blocks == 39
+    fits = side.make_request("fits", list(range(13 * 16 - 1)), "tenant-a")
+    assert side.admit(fits, 1 << 20)[0]
+    other = side.make_request("other", list(range(500, 500 + 5 * 16)), "tenant-b")
+    assert side.admit(other, 1 << 20)[0]           # another group still has its own share
+    assert side.pool.occupancy() == {"default": 0, "tenant-a": 13, "tenant-b": 5}
+
+
+def test_request_metadata_reaches_the_policy():
+    side = Side(40, 16, env("lru", contracts=["critical", "standard", "best_effort"]))
+    calls = []
+    pol = side.pool.policy
+    orig = pol.on_materialize
+
+    def record(blocks, hashes, group, contract, prefix_id, now):
+        calls.append((list(blocks), list(hashes), group, contract, prefix_id, now))
+        return orig(blocks, hashes, group, contract, prefix_id, now)
+
+    pol.on_materialize = record
+    prompt = list(range(40))
+    req = side.make_request("a", prompt, "tenant-b",
+                            {"prefixshield_contract": "best_effort", "prefixshield_prefix_id": 7})
+    assert side.admit(req, 1 << 20)[0]
+    blocks, hashes, group, contract, prefix_id, now = calls[0]
+    assert blocks == side.block_ids(req)[:2]       # the two full blocks of a 40-token prompt
+    assert (group, contract, prefix_id) == (2, 2, 7)
+    assert hashes == [plugin.hash_key(h) for h in req.block_hashes[:2]]
+    assert now >= 0
+    # defaults: no salt -> the default group, no contract -> "standard", prefix_id from block 0
+    req2 = side.make_request("b", [5] * 40, None)
+    assert side.admit(req2, 1 << 20)[0]
+    g, c, p = calls[1][2:5]
+    assert (g, c) == (0, 1)
+    assert p == plugin.hash_key(req2.block_hashes[0]) & 0x7FFFFFFFFFFFFFFF
+
+
+def test_the_same_content_gets_the_same_key_in_another_block():
+    side = Side(40, 16, env("lru"))
+    a = side.make_request("a", list(range(33)), "tenant-a")
+    b = side.make_request("b", list(range(33)), "tenant-b")
+    assert a.block_hashes[0] != b.block_hashes[0]  # the salt isolates groups
+    c = side.make_request("c", list(range(33)), "tenant-a")
+    assert plugin.hash_key(a.block_hashes[1]) == plugin.hash_key(c.block_hashes[1])
+
+
+def test_groups_are_discovered_into_a_fixed_number_of_slots():
+    side = Side(40, 16, plugin.plugin_env("lru", max_groups=2))
+    pol = side.pool.policy
+    assert pol.groups == ("<slot 0>", "<slot 1>")
+    assert side.admit(side.make_request("a", [1] * 20, "x"), 1 << 20)[0]
+    assert side.admit(side.make_request("b", [2] * 20, None), 1 << 20)[0]
+    assert pol.groups == ("x", "default")
+    with pytest.raises(plugin.PluginError, match="PREFIXSHIELD_MAX_GROUPS"):
+        side.admit(side.make_request("c", [3] * 20, "z"), 1 << 20)
+
+
+def test_a_policy_choosing_a_block_in_use_is_an_invariant_error():
+    side = Side(20, 16, env("lru"))
+    req = side.make_request("a", list(range(40)), "tenant-a")
+    assert side.admit(req, 1 << 20)[0]
+    in_use = side.block_ids(req)[0]
+    side.pool.policy.select_victims = lambda n, now, g: np.full(n, in_use, dtype=np.int32)
+    with pytest.raises(plugin.PolicyInvariantError, match=f"block {in_use} with ref_cnt 1"):
+        side.admit(side.make_request("b", list(range(100, 140)), "tenant-a"), 1 << 20)
+
+
+def test_a_policy_losing_track_of_a_free_block_is_caught_after_the_call():
+    side = Side(20, 16, env("lru", check_invariants=True))
+    req = side.make_request("a", list(range(40)), "tenant-a")
+    assert side.admit(req, 1 << 20)[0]
+    side.pool.policy.on_release = lambda blocks, cached, now: None   # drops every release
+    with pytest.raises(plugin.PolicyInvariantError, match="after free_blocks: vLLM's free queue "
+                                                          "holds 19 blocks, policy lru holds 16"):
+        side.free(req)
+
+
+def test_reset_prefix_cache_keeps_counts_exact_and_rebuilds_the_policy():
+    side = Side(20, 16, env("lru", check_invariants=True))
+    req = side.make_request("a", list(range(40)), "tenant-a")
+    assert side.admit(req, 1 << 20)[0]
+    side.free(req)
+    old = side.pool.policy
+    assert side.mgr.reset_prefix_cache()
+    assert side.pool.policy is not old
+    assert side.pool.get_num_free_blocks() == side.pool.policy.num_free() == 19
+    again = side.make_request("b", list(range(40)), "tenant-a")
+    assert side.admit(again, 1 << 20)[1] == 0      # nothing cached any more
+
+
+def test_no_policy_in_the_environment_means_vllms_own_behaviour(monkeypatch):
+    for k in plugin.ENV_NAMES:
+        monkeypatch.delenv(k, raising=False)
+    plugin.install()
+    side = Side(20, 16, env=None)
+    with plugin.environment({plugin.ENV_POLICY: ""}):
+        pool = plugin.PolicyBlockPool(20, enable_caching=True, hash_block_size=16)
+    assert pool.policy is None and type(side.pool).__name__ == "BlockPool"
+    assert pool.get_new_blocks(3) == [pool.blocks[1], pool.blocks[2], pool.blocks[3]]
+
+
+def test_register_installs_only_with_a_policy(monkeypatch):
+    was = plugin.is_installed()
+    try:
+        plugin.uninstall()
+        monkeypatch.delenv(plugin.ENV_POLICY, raising=False)
+        plugin.register()
+        assert not plugin.is_installed()
+        monkeypatch.setenv(plugin.ENV_POLICY, "lru")
+        plugin.register()
+        plugin.register()                          # idempotent
+        assert plugin.is_installed()
+        import vllm.v1.core.kv_cache_coordinator as coord
+        assert coord.BlockPool is plugin.PolicyBlockPool
+        monkeypatch.setenv(plugin.ENV_POLICY, "no-such-policy")
+        with pytest.raises(plugin.PluginError, match="unknown policy 'no-such-policy'"):
+            plugin.register()
+    finally:
+        plugin.uninstall()
+        if was:
+            plugin.install()
+    assert plugin.check_vllm_compatibility() == []
+
+
+@pytest.mark.parametrize("variables, message", [
+    ({"PREFIXSHIELD_POLICY_ARGS": "{nope"}, "PREFIXSHIELD_POLICY_ARGS: not valid JSON"),
+    ({"PREFIXSHIELD_POLICY_ARGS": "[1]"}, "expected a JSON object"),
+    ({"PREFIXSHIELD_CONTRACTS": '["gold"]'}, "unknown contract 'gold'"),
+    ({"PREFIXSHIELD_CONTRACTS": '{"gold": [0, 5]}'}, "rho_blocks_per_s must be > 0"),
+    ({"PREFIXSHIELD_GROUPS": "a,b,a"}, "duplicate group names"),
+    ({"PREFIXSHIELD_GROUPS": "a,b", "PREFIXSHIELD_MAX_GROUPS": "1"}, "smaller than the 2 named"),
+    ({"PREFIXSHIELD_MAX_GROUPS": "many"}, "expected an integer"),
+])
+def test_bad_configuration_names_the_variable(variables, message):
+    with pytest.raises(plugin.PluginError, match=message):
+        plugin.PluginConfig.from_env({"PREFIXSHIELD_POLICY": "lru", **variables})
+
+
+def test_plugin_env_round_trips_through_the_environment():
+    custom = [DEFAULT_CONTRACTS["critical"], DEFAULT_CONTRACTS["best_effort"]]
+    e = plugin.plugin_env("static_quota", contracts=custom, groups=["v", "a"],
+                          check_invariants=True)
+    cfg = plugin.PluginConfig.from_env(e)
+    assert cfg.policy == "static_quota" and cfg.groups == ("v", "a") and cfg.max_groups == 2
+    assert [c.name for c in cfg.contracts] == ["critical", "best_effort"]
+    assert cfg.contracts[1].rho_blocks_per_s == 16.0 and cfg.check_invariants
+    assert plugin.PluginConfig.from_env({}) is None
+    assert len(SALTS) == 3
+
+
+def test_vllm_finds_register_through_the_entry_point(tmp_path, monkeypatch):
+    # what `pip install` makes of the pyproject entry point, without reinstalling the package
+    dist = tmp_path / "prefixshield_entry_point_probe-0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: prefixshield-entry-point-probe"
+                                   "\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\nprefixshield = prefixshield.validate.plugin:register\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
+
+    assert DEFAULT_PLUGINS_GROUP == "vllm.general_plugins"
+    assert load_plugins_by_group(DEFAULT_PLUGINS_GROUP)["prefixshield"] is plugin.register
