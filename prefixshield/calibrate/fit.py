@@ -31,7 +31,8 @@ class Fit:
 
 
 def fit_cost_model(measurement: Measurement) -> Fit:
-    """Non-negative least squares of step seconds on ``[1, prefill, decode, context]``.
+    """Non-negative least squares of step seconds on ``[1, prefill, decode, context]``; the
+    per-new-request cost ``e`` is the median measured ``add_request`` time.
 
     Each sample is weighted by ``1 / seconds`` so that short decode steps count as much as long
     prefill steps (the fit minimises relative, not absolute, error).
@@ -44,8 +45,11 @@ def fit_cost_model(measurement: Measurement) -> Fit:
     pred = x @ coef
     ss_res = float(np.sum((y - pred) ** 2))
     ss_tot = float(np.sum((y - y.mean()) ** 2)) or 1.0
+    # Input processing happens outside the step, so it is measured directly, not fitted.
+    e = float(np.median(measurement.add_request_s)) if measurement.add_request_s else 0.0
     cost = CostModel(a_s=float(coef[0]), b_s_per_prefill_token=float(coef[1]),
-                     c_s_per_decode_seq=float(coef[2]), d_s_per_context_token=float(coef[3]))
+                     c_s_per_decode_seq=float(coef[2]), d_s_per_context_token=float(coef[3]),
+                     e_s_per_new_request=e)
     return Fit(cost, 1.0 - ss_res / ss_tot, float(np.median(np.abs(pred - y) / y)), len(y))
 
 
@@ -54,18 +58,20 @@ def profile_toml(name: str, fit: Fit, facts: dict, grid_text: str) -> str:
     c = fit.cost
     date = _dt.date.today().isoformat()
     method = (f"prefixshield calibrate: {fit.num_samples} timed engine steps ({grid_text}); "
-              f"non-negative least squares weighted by 1/step time; R^2 = {fit.r2:.4f}, median "
+              f"non-negative least squares weighted by 1/step time; e = median add_request time "
+              f"of the measured requests; R^2 = {fit.r2:.4f}, median "
               f"|relative error| = {100 * fit.median_abs_rel_error:.1f}%; engine block size "
               f"{facts.get('block_size')}, {facts.get('num_gpu_blocks')} blocks, dtype "
               f"{facts.get('dtype')}")
     return (
         f'name = "{name}"\n\n'
-        "# t_step = a + b*prefill_tokens + c*decode_seqs + d*context_tokens   (seconds)\n"
+        "# t_step = a + b*prefill_tokens + c*decode_seqs + d*context_tokens + e*new_requests (s)\n"
         "[cost]\n"
         f"a_s = {c.a_s!r}\n"
         f"b_s_per_prefill_token = {c.b_s_per_prefill_token!r}\n"
         f"c_s_per_decode_seq = {c.c_s_per_decode_seq!r}\n"
-        f"d_s_per_context_token = {c.d_s_per_context_token!r}\n\n"
+        f"d_s_per_context_token = {c.d_s_per_context_token!r}\n"
+        f"e_s_per_new_request = {c.e_s_per_new_request!r}\n\n"
         "[provenance]\n"
         'status = "measured"\n'
         f"hardware = {_q(facts.get('device', 'unknown'))}\n"

@@ -1,5 +1,9 @@
 """Measure engine step times on a real vLLM and record the cost-model features of each step.
 
+Besides the steps, every measured request's ``add_request`` call is timed: an in-process engine
+processes a request's input serially before the next step, which the cost model charges as
+``e`` seconds per new request.
+
 Every sample is one ``LLMEngine.step()`` call timed on the wall clock, with the features the cost
 model uses: prefill tokens computed, sequences decoding one token, and KV context tokens attended.
 Prefill samples put ``k`` requests of ``cached + new`` tokens into one step, where the first
@@ -61,6 +65,8 @@ class Measurement:
 
     samples: list[StepSample]
     facts: dict = field(default_factory=dict)
+    add_request_s: list[float] = field(default_factory=list)
+    """Wall seconds of each ``add_request`` call of a measured request (input processing)."""
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Design matrix ``[1, prefill_tokens, decode_seqs, context_tokens]`` and step seconds."""
@@ -95,12 +101,14 @@ class _Driver:
         """``n`` random token ids: a new prompt shares no full block with earlier ones."""
         return self._rng.integers(0, self._vocab, size=n).tolist()
 
-    def add(self, prompt: list[int], output_tokens: int) -> str:
+    def add(self, prompt: list[int], output_tokens: int) -> float:
+        """Submit a request; returns the seconds ``add_request`` took (input processing)."""
         rid = f"cal{next(self._ids)}"
         params = self._sampling(max_tokens=output_tokens, min_tokens=output_tokens,
                                 ignore_eos=True, temperature=0.0)
+        t0 = time.perf_counter()
         self.engine.add_request(rid, {"prompt_token_ids": prompt}, params)
-        return rid
+        return time.perf_counter() - t0
 
     def timed_step(self) -> float:
         t0 = time.perf_counter()
@@ -129,6 +137,7 @@ def measure_step_times(model_dir: str, block_size: int = 32, num_blocks: int = 2
     driver = _Driver(model_dir, block_size, num_blocks, max_num_seqs, max_num_batched_tokens,
                      dtype)
     samples: list[StepSample] = []
+    add_times: list[float] = []
     points = [(n, c, k) for n in grid.prefill_new_tokens for c in grid.prefill_cached_tokens
               for k in grid.prefill_batch if k * (n + c) <= max_num_batched_tokens]
     total = len(points) * grid.repeats + len(grid.decode_batch) * len(grid.decode_context)
@@ -147,13 +156,13 @@ def measure_step_times(model_dir: str, block_size: int = 32, num_blocks: int = 2
                     driver.add(prefix + driver.fresh_tokens(block_size), 1)  # caches the prefix
                     driver.drain()
                 prompts.append(prefix + driver.fresh_tokens(new))
-            for p in prompts:
-                driver.add(p, 1)
+            added = [driver.add(p, 1) for p in prompts]
             seconds = driver.timed_step()
             driver.drain()
             if rep == 0:
                 continue  # the first step of a new shape pays one-time costs: not a sample
             times.append(seconds)
+            add_times.extend(added)
             done += 1
             if progress:
                 progress(done, total)
@@ -178,7 +187,7 @@ def measure_step_times(model_dir: str, block_size: int = 32, num_blocks: int = 2
                 progress(done, total)
     facts = driver.live.facts()
     driver.live.close()
-    return Measurement(samples, facts)
+    return Measurement(samples, facts, add_times)
 
 
 def _prefilling(driver: _Driver) -> bool:

@@ -1,10 +1,13 @@
 """Step time of one engine step from a hardware/model profile.
 
-``t_step = a + b * prefill_tokens + c * decode_seqs + d * context_tokens`` seconds, where
-``prefill_tokens`` are the tokens computed by sequences still in prefill (chunked or recomputed),
-``decode_seqs`` the sequences decoding one token, and ``context_tokens`` the KV tokens attended by
-every scheduled sequence (cached and computed context plus the step's own tokens). Profiles are
-TOML files in ``simulator/profiles/`` carrying the coefficients and their provenance.
+``t_step = a + b * prefill_tokens + c * decode_seqs + d * context_tokens + e * new_requests``
+seconds, where ``prefill_tokens`` are the tokens computed by sequences still in prefill (chunked
+or recomputed), ``decode_seqs`` the sequences decoding one token, ``context_tokens`` the KV tokens
+attended by every scheduled sequence (cached and computed context plus the step's own tokens),
+and ``new_requests`` the requests scheduled for the first time in the step. ``e`` is the engine
+loop's per-request input processing, which an in-process (offline) vLLM pays serially
+(``add_request``); it is 0 where a separate front-end process does that work. Profiles are TOML
+files in ``simulator/profiles/`` carrying the coefficients and their provenance.
 """
 
 from __future__ import annotations
@@ -27,12 +30,15 @@ class CostModel:
     b_s_per_prefill_token: float
     c_s_per_decode_seq: float
     d_s_per_context_token: float
+    e_s_per_new_request: float = 0.0
 
-    def step_time(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
+    def step_time(self, prefill_tokens: int, decode_seqs: int, context_tokens: int,
+                  new_requests: int = 0) -> float:
         """Seconds one step takes."""
         return (self.a_s + self.b_s_per_prefill_token * prefill_tokens
                 + self.c_s_per_decode_seq * decode_seqs
-                + self.d_s_per_context_token * context_tokens)
+                + self.d_s_per_context_token * context_tokens
+                + self.e_s_per_new_request * new_requests)
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,7 @@ class Profile:
 
 
 _COST_FIELDS = ("a_s", "b_s_per_prefill_token", "c_s_per_decode_seq", "d_s_per_context_token")
+_OPTIONAL_COST_FIELDS = ("e_s_per_new_request",)
 _PROVENANCE_FIELDS = ("status", "hardware", "model", "vllm_version", "attention_backend", "date",
                       "method")
 
@@ -75,6 +82,15 @@ def parse_profile(text: str, source: str) -> Profile:
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
             raise ProfileError(f"{source}: [cost].{f} must be a number >= 0, got {v!r}")
         values[f] = float(v)
+    for f in _OPTIONAL_COST_FIELDS:
+        if f in cost:
+            v = cost[f]
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
+                raise ProfileError(f"{source}: [cost].{f} must be a number >= 0, got {v!r}")
+            values[f] = float(v)
+    unknown = sorted(set(cost) - set(_COST_FIELDS) - set(_OPTIONAL_COST_FIELDS))
+    if unknown:
+        raise ProfileError(f"{source}: [cost] has unknown field(s) {', '.join(unknown)}")
     prov = data["provenance"]
     for f in _PROVENANCE_FIELDS:
         if not isinstance(prov.get(f), str) or not prov[f]:

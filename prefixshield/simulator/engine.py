@@ -207,6 +207,7 @@ class Engine:
             budget -= num_new
             i += 1
         admitted = 0
+        first_admissions = 0
         head_blocked = False
         if not preempted:
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
@@ -221,6 +222,7 @@ class Engine:
                 self.running.append(seq)
                 if self.cached_tokens[seq.request_id] < 0:
                     self.cached_tokens[seq.request_id] = num_hit_tokens
+                    first_admissions += 1
                 scheduled.append((seq, num_new))
                 budget -= num_new
                 admitted += 1
@@ -237,7 +239,7 @@ class Engine:
             else:
                 prefill_tokens += k
             context += seq.num_computed_tokens + k
-        dt = self.cost.step_time(prefill_tokens, decode_seqs, context)
+        dt = self.cost.step_time(prefill_tokens, decode_seqs, context, first_admissions)
         yield env.timeout(dt)
         self.num_steps += 1
         now = env.now

@@ -51,7 +51,7 @@ def service_bound_s(prompt_tokens: int, output_tokens: int, cost: CostModel,
     """
     chunk = min(prompt_tokens, config.max_num_batched_tokens)
     steps = math.ceil(prompt_tokens / config.max_num_batched_tokens) + output_tokens
-    step = cost.step_time(chunk, 1, prompt_tokens + output_tokens)
+    step = cost.step_time(chunk, 1, prompt_tokens + output_tokens, 1)
     return max(MIN_GAP_S, steps * step * (1 + 1e-6) + 1e-9)
 
 
