@@ -38,6 +38,7 @@ bench: $(VENV)/.vllm
 	$(BIN)/python benchmarks/bench_engine.py
 	$(BIN)/python benchmarks/bench_selector.py
 	$(BIN)/python benchmarks/bench_oracle.py
+	$(BIN)/python benchmarks/bench_plugin.py
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .hypothesis
