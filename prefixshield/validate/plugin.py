@@ -1,6 +1,8 @@
 """vLLM plugin: victim selection of vLLM's own ``BlockPool`` by a prefixshield policy.
 
-Entry point (group ``vllm.general_plugins``): :func:`register`. When the environment variable
+Entry point (group ``vllm.general_plugins``): :func:`register`, reached through the light
+:mod:`prefixshield.validate.vllm_entry` (which imports this module only when a policy is asked
+for). When the environment variable
 ``PREFIXSHIELD_POLICY`` names a registered policy, it replaces two names *where vLLM uses them*:
 
 * ``vllm.v1.core.kv_cache_coordinator.BlockPool`` -> :class:`PolicyBlockPool`, so every KV cache
@@ -112,6 +114,10 @@ from vllm.v1.core.kv_cache_manager import KVCacheManager as _VllmKVCacheManager
 
 from prefixshield.policies import POLICIES, make_policy
 from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
+from prefixshield.validate.vllm_workarounds import guard_llvmlite_for_vllm
+
+# The policies just loaded numba (llvmlite), which vLLM's CPU worker start-up trips over.
+guard_llvmlite_for_vllm()
 
 logger = logging.getLogger("prefixshield.validate.plugin")
 

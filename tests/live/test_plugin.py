@@ -4,6 +4,8 @@ reaches the policy, and misconfiguration or a broken policy is a clear error."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from kv_driver import SALTS, Side, run_stream
@@ -206,17 +208,42 @@ def test_plugin_env_round_trips_through_the_environment():
     assert len(SALTS) == 3
 
 
-def test_vllm_finds_register_through_the_entry_point(tmp_path, monkeypatch):
-    # what `pip install` makes of the pyproject entry point, without reinstalling the package
-    dist = tmp_path / "prefixshield_entry_point_probe-0.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: prefixshield-entry-point-probe"
-                                   "\nVersion: 0.0\n")
-    (dist / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\nprefixshield = prefixshield.validate.plugin:register\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+def test_vllm_finds_register_through_the_installed_entry_point(monkeypatch):
     monkeypatch.delenv("VLLM_PLUGINS", raising=False)
     from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
 
+    from prefixshield.validate import vllm_entry
+
     assert DEFAULT_PLUGINS_GROUP == "vllm.general_plugins"
-    assert load_plugins_by_group(DEFAULT_PLUGINS_GROUP)["prefixshield"] is plugin.register
+    assert load_plugins_by_group(DEFAULT_PLUGINS_GROUP)["prefixshield"] is vllm_entry.register
+
+
+_ENGINE_SCRIPT = """
+import os, sys
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+from vllm import LLM, SamplingParams
+llm = LLM(model=sys.argv[1], skip_tokenizer_init=True, dtype="float32", block_size=32,
+          enable_prefix_caching=True, num_gpu_blocks_override=64, max_model_len=1024,
+          enforce_eager=True, gpu_memory_utilization=0.2)
+p = {"prompt_token_ids": list(range(70))}
+out = llm.generate([p, p], SamplingParams(max_tokens=2, min_tokens=2, ignore_eos=True))
+pool = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
+print("POOL", type(pool).__name__, "CACHED", out[1].num_cached_tokens)
+"""
+
+
+@pytest.mark.parametrize("policy, pool_class", [("", "BlockPool"), ("lru", "PolicyBlockPool")])
+def test_plain_vllm_engine_with_prefixshield_installed(tiny_model_dir, policy, pool_class):
+    """vLLM loads the entry point in every engine: with no policy set, nothing changes (and
+    vLLM's CPU worker still starts: the entry point must not pull numba in); with one, vLLM
+    builds our pool. Run in a fresh process, as a user's script would."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PREFIXSHIELD_POLICY=policy)
+    proc = subprocess.run([sys.executable, "-c", _ENGINE_SCRIPT, tiny_model_dir],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"POOL {pool_class} CACHED 64" in proc.stdout
