@@ -22,7 +22,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "differential"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # vllm_kv_driver
 
 from prefixshield.policies import POLICIES, make_policy  # noqa: E402
 from prefixshield.simulator.blockpool import BlockPool  # noqa: E402
@@ -89,14 +89,14 @@ def run_ours(prompts, num_blocks, block_size, keep):
 
 
 def run_vllm(prompts, num_blocks, block_size, keep):
-    from vllm_side import VllmSide
+    from vllm_kv_driver import Side
 
-    side = VllmSide(num_blocks, block_size)
+    side = Side(num_blocks, block_size)
     running, cached = [], 0
     for i, p in enumerate(prompts):
         req = side.make_request(f"r{i}", p, None)
         while True:
-            ok, n, _ = side.admit(req, 1 << 30, full_must_fit=True)
+            ok, n, _ = side.admit(req, 1 << 30)
             if ok:
                 break
             side.free(running.pop(0))

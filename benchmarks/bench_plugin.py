@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "live"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # vllm_kv_driver
 
-from kv_driver import Side, run_stream  # noqa: E402
+from vllm_kv_driver import Side, run_stream  # noqa: E402
 
 from prefixshield.validate import plugin  # noqa: E402
 

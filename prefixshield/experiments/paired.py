@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-import numpy as np
 import pandas as pd
 
 from prefixshield.experiments.single import RunSpec, build_trace, run_policies

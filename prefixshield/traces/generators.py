@@ -177,7 +177,8 @@ class AttackParams(WorkloadParams):
                f"warmup_gap_s must be >= 0 s, got {self.warmup_gap_s}")
         _check(self.attacker_rate is None or self.attacker_rate > 0,
                f"attacker_rate must be > 0 requests/s, got {self.attacker_rate}")
-        _check(self.pressure_start_s >= 0, f"pressure_start_s must be >= 0 s")
+        _check(self.pressure_start_s >= 0,
+               f"pressure_start_s must be >= 0 s, got {self.pressure_start_s}")
         _check(self.pressure_duration_s is None or self.pressure_duration_s > 0,
                f"pressure_duration_s must be > 0 s, got {self.pressure_duration_s}")
         _check(self.victim_group != self.attacker_group,

@@ -19,7 +19,7 @@ import pytest
 if importlib.util.find_spec("vllm") is None and os.environ.get("PREFIXSHIELD_REQUIRE_VLLM") != "1":
     pytest.skip("vLLM not installed (CI sets PREFIXSHIELD_REQUIRE_VLLM=1 to fail instead)", allow_module_level=True)
 
-from vllm_side import VllmSide  # noqa: E402
+from vllm_kv_driver import Side as VllmSide  # noqa: E402
 
 from prefixshield.policies import make_policy
 from prefixshield.simulator.blockpool import BlockPool
@@ -93,7 +93,7 @@ def run_scenario(seed: int) -> dict:
                          theirs.make_request(name, prompt, SALTS[salt_i]))
                 pairs.append(p)
             chunk = rng.choice([1 << 20, rng.randint(1, 3 * block_size)])
-            ok_t, hit_t, n_t = theirs.admit(p.theirs, chunk, full_must_fit=True)
+            ok_t, hit_t, n_t = theirs.admit(p.theirs, chunk)
             hits, hit_o = ours.get_computed_blocks(p.ours)
             n_o = min(p.ours.num_tokens - hit_o, chunk)
             ok_o = ours.allocate_slots(p.ours, n_o, now, hits, num_tokens_to_reserve=p.ours.num_tokens)

@@ -6,8 +6,6 @@ own ``import vllm`` fails the run instead.
 
 import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -25,7 +23,6 @@ if importlib.util.find_spec("vllm") is None and os.environ.get("PREFIXSHIELD_REQ
     def pytest_pycollect_makemodule(module_path, parent):
         return _SkippedModule.from_parent(parent, path=module_path)
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # kv_driver
 
 # ---------------------------------------------------------------------------- shared fixtures
 NUM_BLOCKS = 40

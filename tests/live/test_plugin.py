@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 import pytest
-from kv_driver import SALTS, Side, run_stream
+from vllm_kv_driver import SALTS, Side, run_stream
 
 from prefixshield.policies import POLICIES
 from prefixshield.traces.contracts import DEFAULT_CONTRACTS

@@ -34,47 +34,61 @@ class LinkedLists:
 
 
 @njit(cache=True, inline="always")
-def _link_after(prev, nxt, at, b):
+def insert_after(prev, nxt, member, length, at, k, b):
+    """Link block ``b`` into list ``k`` right after node ``at`` (a block or a sentinel)."""
     after = nxt[at]
     prev[b] = at
     nxt[b] = after
     prev[after] = b
     nxt[at] = b
+    member[b] = k
+    length[k] += 1
+
+
+@njit(cache=True, inline="always")
+def push_tail_one(prev, nxt, member, length, num_blocks, k, b):
+    """Append block ``b`` at the tail of list ``k``."""
+    insert_after(prev, nxt, member, length, prev[num_blocks + 2 * k + 1], k, b)
+
+
+@njit(cache=True, inline="always")
+def push_head_one(prev, nxt, member, length, num_blocks, k, b):
+    """Insert block ``b`` at the head of list ``k``."""
+    insert_after(prev, nxt, member, length, num_blocks + 2 * k, k, b)
+
+
+@njit(cache=True, inline="always")
+def unlink_one(prev, nxt, member, length, b):
+    """Remove block ``b`` from the list that holds it."""
+    p = prev[b]
+    q = nxt[b]
+    nxt[p] = q
+    prev[q] = p
+    prev[b] = -1
+    nxt[b] = -1
+    length[member[b]] -= 1
+    member[b] = -1
 
 
 @njit(cache=True)
 def push_tail(prev, nxt, member, length, num_blocks, k, blocks):
     """Append ``blocks`` in order at the tail of list k."""
-    tail = num_blocks + 2 * k + 1
     for b in blocks:
-        _link_after(prev, nxt, prev[tail], b)
-        member[b] = k
-    length[k] += blocks.shape[0]
+        push_tail_one(prev, nxt, member, length, num_blocks, k, b)
 
 
 @njit(cache=True)
 def push_head(prev, nxt, member, length, num_blocks, k, blocks):
     """Insert ``blocks`` at the head of list k so that they read in the given order from the head."""
-    head = num_blocks + 2 * k
     for i in range(blocks.shape[0] - 1, -1, -1):
-        b = blocks[i]
-        _link_after(prev, nxt, head, b)
-        member[b] = k
-    length[k] += blocks.shape[0]
+        push_head_one(prev, nxt, member, length, num_blocks, k, blocks[i])
 
 
 @njit(cache=True)
 def unlink(prev, nxt, member, length, blocks):
     """Remove ``blocks`` from whatever list holds each (each must be in one)."""
     for b in blocks:
-        p = prev[b]
-        q = nxt[b]
-        nxt[p] = q
-        prev[q] = p
-        prev[b] = -1
-        nxt[b] = -1
-        length[member[b]] -= 1
-        member[b] = -1
+        unlink_one(prev, nxt, member, length, b)
 
 
 @njit(cache=True)

@@ -30,6 +30,10 @@ from __future__ import annotations
 
 from numba import njit
 
+from prefixshield.policies.kernels.linkedlist import insert_after as _insert_after
+from prefixshield.policies.kernels.linkedlist import push_tail_one as _push_tail1
+from prefixshield.policies.kernels.linkedlist import unlink_one as _unlink1
+
 PROBATIONARY = 0
 NORMAL = 1
 REUSE = 2
@@ -37,35 +41,6 @@ NUM_CLASSES = 3
 TRULY_FREE = 3
 """Index of the truly-free list in the global lists (lists 0..2 are the classes)."""
 NUM_GLOBAL_LISTS = 4
-
-
-# ----------------------------------------------------------------------------- list primitives
-@njit(cache=True, inline="always")
-def _unlink1(prev, nxt, member, length, b):
-    p = prev[b]
-    q = nxt[b]
-    nxt[p] = q
-    prev[q] = p
-    prev[b] = -1
-    nxt[b] = -1
-    length[member[b]] -= 1
-    member[b] = -1
-
-
-@njit(cache=True, inline="always")
-def _insert_after(prev, nxt, member, length, at, k, b):
-    after = nxt[at]
-    prev[b] = at
-    nxt[b] = after
-    prev[after] = b
-    nxt[at] = b
-    member[b] = k
-    length[k] += 1
-
-
-@njit(cache=True, inline="always")
-def _push_tail1(prev, nxt, member, length, num_blocks, k, b):
-    _insert_after(prev, nxt, member, length, prev[num_blocks + 2 * k + 1], k, b)
 
 
 # ----------------------------------------------------------------------------- buckets and debt

@@ -29,6 +29,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from prefixshield.policies.kernels.linkedlist import push_head_one as _push_head1
+from prefixshield.policies.kernels.linkedlist import push_tail_one as _push_tail1
+from prefixshield.policies.kernels.linkedlist import unlink_one as _unlink1
+
 FREE = 0
 SMALL = 1
 MAIN = 2
@@ -54,42 +58,6 @@ P_THRESHOLD = 3
 P_FREQ_CAP = 4
 P_CURRENT_MODE = 5
 NUM_PARAMS = 6
-
-
-@njit(cache=True, inline="always")
-def _unlink1(prev, nxt, member, length, b):
-    p = prev[b]
-    q = nxt[b]
-    nxt[p] = q
-    prev[q] = p
-    prev[b] = -1
-    nxt[b] = -1
-    length[member[b]] -= 1
-    member[b] = -1
-
-
-@njit(cache=True, inline="always")
-def _push_tail1(prev, nxt, member, length, num_blocks, k, b):
-    tail = num_blocks + 2 * k + 1
-    at = prev[tail]
-    prev[b] = at
-    nxt[b] = tail
-    prev[tail] = b
-    nxt[at] = b
-    member[b] = k
-    length[k] += 1
-
-
-@njit(cache=True, inline="always")
-def _push_head1(prev, nxt, member, length, num_blocks, k, b):
-    head = num_blocks + 2 * k
-    after = nxt[head]
-    prev[b] = head
-    nxt[b] = after
-    prev[after] = b
-    nxt[head] = b
-    member[b] = k
-    length[k] += 1
 
 
 @njit(cache=True)

