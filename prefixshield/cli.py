@@ -55,6 +55,23 @@ def _policy_names(values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
+def _workload_overrides(workload: str, overrides: tuple[str, ...]) -> dict:
+    """Check WORKLOAD (a generated workload or a trace file) and type its ``--set`` items."""
+    from prefixshield.experiments.overrides import parse_overrides
+    from prefixshield.experiments.single import is_trace_file
+    from prefixshield.traces.generators import WORKLOADS
+
+    if not is_trace_file(workload) and workload not in WORKLOADS:
+        raise click.BadParameter(f"unknown workload {workload!r}; known: {_workload_names()} "
+                                 "(or a .parquet trace file)", param_hint="WORKLOAD")
+    if not overrides:
+        return {}
+    if is_trace_file(workload):
+        raise click.BadParameter("--set applies to generated workloads, not trace files",
+                                 param_hint="--set")
+    return parse_overrides(WORKLOADS[workload].params_type, overrides)
+
+
 def _workload_names() -> str:
     from prefixshield.traces.generators import WORKLOADS
 
@@ -119,22 +136,11 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
 
     WORKLOAD is a generated workload name or a trace .parquet file (see `prefixshield trace`).
     """
-    from prefixshield.experiments.overrides import parse_overrides
-    from prefixshield.experiments.single import (RunSpec, build_trace, is_trace_file,
-                                                 run_policies, write_outputs)
+    from prefixshield.experiments.single import RunSpec, build_trace, run_policies, write_outputs
     from prefixshield.simulator.config import EngineConfig
     from prefixshield.simulator.costmodel import load_profile
-    from prefixshield.traces.generators import WORKLOADS
 
-    if not is_trace_file(workload) and workload not in WORKLOADS:
-        raise click.BadParameter(f"unknown workload {workload!r}; known: {_workload_names()} "
-                                 "(or a .parquet trace file)", param_hint="WORKLOAD")
-    typed = {}
-    if overrides:
-        if is_trace_file(workload):
-            raise click.BadParameter("--set applies to generated workloads, not trace files",
-                                     param_hint="--set")
-        typed = parse_overrides(WORKLOADS[workload].params_type, overrides)
+    typed = _workload_overrides(workload, overrides)
     engine = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, vllm_compat=vllm_compat,
                           check_invariants=check_invariants)
@@ -451,22 +457,12 @@ def validate(workload, policy, profile, model_dir, num_blocks, block_size, max_n
     Small pools cannot hold the 1,536-token C_prefill probe: give the rate with
     --set base_rate=... (requests/s) and prompt sizes with --set prefix_tokens=....
     """
-    from prefixshield.experiments.overrides import parse_overrides
     from prefixshield.experiments.single import RunSpec, build_trace, is_trace_file
     from prefixshield.simulator.config import EngineConfig
     from prefixshield.simulator.costmodel import load_profile
     from prefixshield.traces import generators
-    from prefixshield.traces.generators import WORKLOADS
 
-    if not is_trace_file(workload) and workload not in WORKLOADS:
-        raise click.BadParameter(f"unknown workload {workload!r}; known: {_workload_names()} "
-                                 "(or a .parquet trace file)", param_hint="WORKLOAD")
-    typed = {}
-    if overrides:
-        if is_trace_file(workload):
-            raise click.BadParameter("--set applies to generated workloads, not trace files",
-                                     param_hint="--set")
-        typed = parse_overrides(WORKLOADS[workload].params_type, overrides)
+    typed = _workload_overrides(workload, overrides)
     engine = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, vllm_compat="current")
     prof = load_profile(profile)
