@@ -104,3 +104,15 @@ def test_policy_spec_with_unknown_parameter_is_one_error_line():
     r = invoke("run", "one_touch", "-p", "prefixshield:nope=1")
     assert r.exit_code != 0 and "has no parameter 'nope'" in r.output
     assert "Traceback" not in r.output
+
+
+def test_result_files_get_ordinary_permissions(tmp_path):
+    import os
+    import stat
+
+    out = tmp_path / "out"
+    assert invoke("run", "one_touch", *SMALL, "--out", out).exit_code == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    mode = stat.S_IMODE((out / "summary.csv").stat().st_mode)
+    assert mode == 0o666 & ~umask

@@ -18,7 +18,8 @@ if importlib.util.find_spec("vllm") is None and os.environ.get("PREFIXSHIELD_REQ
 
     class _SkippedModule(pytest.Module):
         def _getobj(self):
-            pytest.skip(SKIP_REASON, allow_module_level=True)
+            # reached only without vLLM and without PREFIXSHIELD_REQUIRE_VLLM=1 (see above)
+            pytest.skip(SKIP_REASON, allow_module_level=True)  # PREFIXSHIELD_REQUIRE_VLLM unset
 
     def pytest_pycollect_makemodule(module_path, parent):
         return _SkippedModule.from_parent(parent, path=module_path)
