@@ -10,9 +10,31 @@ cached state is reclaimed) and the hashed ones to the tail.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from prefixshield.policies.base import Policy, register_policy
 from prefixshield.policies.kernels import linkedlist as ll
+
+
+@njit(cache=True)
+def _replay_keys(keys, hits, block_of, key_of, prev, nxt, member, length, num_blocks):
+    # A hit re-releases its cached block (to the tail, in both compat modes); a miss takes the
+    # head, caches the key there and releases it to the tail: the cache driver's calls, inlined.
+    head = num_blocks
+    for i in range(keys.shape[0]):
+        kk = keys[i]
+        if kk in block_of:
+            hits[i] = True
+            b = block_of[kk]
+        else:
+            b = nxt[head]
+            old = key_of[b]
+            if old >= 0:
+                del block_of[old]
+            key_of[b] = kk
+            block_of[kk] = b
+        ll.unlink_one(prev, nxt, member, length, b)
+        ll.push_tail_one(prev, nxt, member, length, num_blocks, 0, b)
 
 
 @register_policy
@@ -45,6 +67,16 @@ class LRUPolicy(Policy):
         out = np.empty(n, dtype=np.int32)
         ll.pop_head(q.prev, q.nxt, q.member, q.length, q.num_blocks, 0, n, out, 0)
         return out
+
+    def replay_keys(self, keys: np.ndarray, block_of, key_of: np.ndarray) -> np.ndarray:
+        """The pure cache driver's loop in one kernel (see
+        :func:`prefixshield.simulator.cachedriver.replay_keys`); same decisions, no Python per key.
+        """
+        q = self._queue
+        hits = np.zeros(keys.shape[0], dtype=np.bool_)
+        _replay_keys(keys, hits, block_of, key_of, q.prev, q.nxt, q.member, q.length,
+                     q.num_blocks)
+        return hits
 
     def num_free(self) -> int:
         return int(self._queue.length[0])

@@ -204,6 +204,21 @@ class S3FIFOPolicy(Policy):
         k.on_hit(np.asarray(blocks, dtype=np.int32), self._lists.member, self._freq,
                  self.freq_cap)
 
+    def replay_keys(self, keys: np.ndarray, block_of, key_of: np.ndarray) -> np.ndarray:
+        """The pure cache driver's loop in one kernel (see
+        :func:`prefixshield.simulator.cachedriver.replay_keys`); same decisions, no Python per key.
+        """
+        q = self._lists
+        hits = np.zeros(keys.shape[0], dtype=np.bool_)
+        bad = k.replay_keys(keys, hits, block_of, key_of, q.prev, q.nxt, q.member, q.length,
+                            q.num_blocks, self._freq, self._in_use, self._key, self._cnt,
+                            self._params, self._gkeys, self._gpos, self._gmap, self.freq_cap,
+                            self.vllm_compat == "current")
+        self._ghost_slack = 0
+        if bad:
+            raise ValueError(f"s3fifo: {bad} illegal calls while replaying keys")
+        return hits
+
     def num_free(self) -> int:
         """Truly free blocks plus unpinned cached blocks."""
         length, cnt = self._lists.length, self._cnt

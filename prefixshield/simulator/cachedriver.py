@@ -12,6 +12,8 @@ against libCacheSim, whose capacity is in bytes with every object of size 1.
 from __future__ import annotations
 
 import numpy as np
+from numba import types
+from numba.typed import Dict
 
 from prefixshield.policies.base import Policy
 from prefixshield.traces.contracts import DEFAULT_CONTRACTS
@@ -20,17 +22,26 @@ _TRUE = np.ones(1, dtype=np.bool_)
 
 
 def replay_keys(policy: Policy, keys: np.ndarray, groups: np.ndarray | None = None,
-                group_names: tuple[str, ...] = ("g0",), contract: int = 0) -> np.ndarray:
+                group_names: tuple[str, ...] = ("g0",), contract: int = 0,
+                batch: bool = True) -> np.ndarray:
     """Replay ``keys`` through ``policy``; returns a bool array, True where the request hit.
 
     Args:
         policy: a fresh policy with ``num_blocks = capacity + 1``.
-        keys: int64 object ids, one per request.
+        keys: int64 object ids (>= 0), one per request.
         groups: optional group id per request (default: all group 0).
         group_names: names of the groups (``groups`` indexes them).
         contract: contract id of every request (index into the default contracts).
+        batch: use the policy's one-kernel ``replay_keys`` when it has one (LRU, S3-FIFO; same
+            decisions, tested) and no per-request groups are given; False always runs the
+            generic loop below, one interface call at a time.
     """
     policy.bind_tenants(group_names, list(DEFAULT_CONTRACTS.values()))
+    fast = getattr(policy, "replay_keys", None)
+    if batch and fast is not None and groups is None:
+        block_of = Dict.empty(key_type=types.int64, value_type=types.int32)
+        key_of = np.full(policy.num_blocks, -1, dtype=np.int64)
+        return fast(np.ascontiguousarray(keys, dtype=np.int64), block_of, key_of)
     block_of: dict[int, int] = {}
     key_of = np.full(policy.num_blocks, -1, dtype=np.int64)
     hits = np.zeros(len(keys), dtype=np.bool_)

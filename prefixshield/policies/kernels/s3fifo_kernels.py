@@ -308,3 +308,43 @@ def ghost_live_keys(gkeys, gpos, gmap):
                 out[n] = k
             n += 1
     return out[:min(n, out.shape[0])], n
+
+
+@njit(cache=True)
+def replay_keys(keys, hits, block_of, key_of, prev, nxt, member, length, num_blocks, freq, in_use,
+                key, cnt, params, gkeys, gpos, gmap, freq_cap, current_mode):
+    """The pure cache driver's loop for S3-FIFO in one kernel: for each key, a hit is
+    ``on_hit, on_acquire, on_release(cached)``; a miss is ``select_victims(1)``,
+    ``on_materialize``, ``on_release(cached)`` — the very kernels the policy's methods call.
+    ``block_of`` maps content key -> block, ``key_of`` block -> key (-1: none). Returns the
+    number of illegal calls met (0 when the state was consistent)."""
+    one = np.empty(1, dtype=np.int32)
+    one_key = np.empty(1, dtype=np.uint64)
+    cached = np.ones(1, dtype=np.bool_)
+    bad = 0
+    for i in range(keys.shape[0]):
+        kk = keys[i]
+        if kk in block_of:
+            hits[i] = True
+            one[0] = block_of[kk]
+            on_hit(one, member, freq, freq_cap)
+            bad += on_acquire(one, member, in_use, cnt)
+            bad += on_release(one, cached, prev, nxt, member, length, num_blocks, in_use, key,
+                              cnt, current_mode)
+            continue
+        got = select_victims(1, one, prev, nxt, member, length, num_blocks, freq, in_use, key,
+                             cnt, params, gkeys, gpos, gmap, True)
+        if got != 1:
+            return bad + 1
+        b = one[0]
+        old = key_of[b]
+        if old >= 0:
+            del block_of[old]
+        key_of[b] = kk
+        block_of[kk] = b
+        one_key[0] = np.uint64(kk)
+        bad += on_materialize(one, one_key, prev, nxt, member, length, num_blocks, freq, in_use,
+                              key, cnt, params, gkeys, gpos, gmap)
+        bad += on_release(one, cached, prev, nxt, member, length, num_blocks, in_use, key, cnt,
+                          current_mode)
+    return bad
