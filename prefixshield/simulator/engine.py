@@ -101,6 +101,10 @@ class Engine:
         self.prefix_id = df["prefix_id"].to_numpy(np.int64)
         self.output_tokens = df["output_tokens"].to_numpy(np.int64)
         self.prompt_tokens = trace.prompt_lengths()
+        # Row access through pandas costs tens of microseconds; the arrival path reads these.
+        self._segment_ids = df["segment_ids"].tolist()
+        self._segment_lengths = df["segment_lengths"].tolist()
+        self.output_segment_id = df["output_segment_id"].to_numpy(np.int64)
         n = len(df)
         usable_tokens = (config.num_blocks - 1) * config.block_size
         too_big = np.flatnonzero(self.prompt_tokens + self.output_tokens > usable_tokens)
@@ -146,11 +150,11 @@ class Engine:
                 self._wakeup.succeed()
 
     def _make_sequence(self, i: int) -> Sequence:
-        row = self.trace.requests.iloc[i]
         tr = self.trace
-        prompt = prompt_token_ids(tr.seed, row["segment_ids"], row["segment_lengths"], tr.vocab_size)
+        prompt = prompt_token_ids(tr.seed, self._segment_ids[i], self._segment_lengths[i],
+                                  tr.vocab_size)
         n_out = int(self.output_tokens[i])
-        seg = int(row["output_segment_id"])
+        seg = int(self.output_segment_id[i])
         if seg >= 0:
             out = prompt_token_ids(tr.seed, [seg], [n_out], tr.vocab_size)
         else:
