@@ -32,13 +32,15 @@ def plot_policy_comparison(results: dict[str, RunResult], title: str,
     axes[1].set_ylabel(f"P95 TTFT of {pop} requests (s)")
     for ax in axes[:2]:
         ax.set_xticks(x, names)
+    # every run has the trace's groups, in the same order
+    groups = results[names[0]].groups if names else []
+    if focus_group not in groups:
+        focus_group = groups[0] if groups else ""
     for i, p in enumerate(names):
         r = results[p]
-        g = focus_group if focus_group in r.groups else r.groups[0]
-        gi = r.groups.index(g)
+        gi = r.groups.index(focus_group)
         axes[2].step(r.occupancy_t, r.occupancy[:, gi], where="post", label=p,
                      color=colors[i % len(colors)])
-        focus_group = g
     axes[2].set_xlabel("simulated time (s)")
     axes[2].set_ylabel(f"blocks held by group '{focus_group}'")
     axes[2].set_ylim(0, None)
