@@ -43,6 +43,18 @@ TRULY_FREE = 3
 NUM_GLOBAL_LISTS = 4
 
 
+# ----------------------------------------------------------------------------- block metadata
+@njit(cache=True, inline="always")
+def _forget(b, cached, owner, contract, prefix, klass, hits):
+    """Block ``b`` holds no content any more: no owner, contract, prefix, class or reuse."""
+    cached[b] = False
+    owner[b] = -1
+    contract[b] = -1
+    prefix[b] = -1
+    klass[b] = PROBATIONARY
+    hits[b] = 0
+
+
 # ----------------------------------------------------------------------------- buckets and debt
 @njit(cache=True, inline="always")
 def effective_balance(bal, t0, rho, beta, t):
@@ -247,12 +259,7 @@ def release(blocks, cached_mask, truly_free_to_head, segmentation,
         else:
             if cached[b] and owner[b] >= 0:
                 cls_count[owner[b], klass[b]] -= 1
-            cached[b] = False
-            owner[b] = -1
-            contract[b] = -1
-            prefix[b] = -1
-            klass[b] = PROBATIONARY
-            hits[b] = 0
+            _forget(b, cached, owner, contract, prefix, klass, hits)
             if truly_free_to_head:
                 _insert_after(gprev, gnxt, gmember, glen, anchor, TRULY_FREE, b)
                 anchor = b
@@ -390,11 +397,6 @@ def select(n, t, requester, out, bal, t0, rho, beta, w, eps, responsibility,
             evictions[requester, o] += 1
         else:
             evictions[requester, G] += 1
-        cached[b] = False
-        owner[b] = -1
-        contract[b] = -1
-        prefix[b] = -1
-        klass[b] = PROBATIONARY
-        hits[b] = 0
+        _forget(b, cached, owner, contract, prefix, klass, hits)
         out[j] = b
     return k0
