@@ -232,6 +232,10 @@ class Engine:
                 admitted += 1
 
         if not scheduled:
+            if preempted:
+                # The last running request preempted itself: nothing ran, and admissions were
+                # skipped in this step, as vLLM skips them; the next iteration may admit again.
+                return False
             # Nothing runs and the waiting head does not fit: only an arrival can change that
             # (vLLM would poll with empty steps; no state changes in between).
             yield from self._idle_until_arrival()
