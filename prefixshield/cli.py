@@ -111,6 +111,16 @@ def _engine_options(fn):
     return fn
 
 
+def _workload_options(fn):
+    """``--alpha`` and ``--set``: how a generated workload is sized and parameterized."""
+    fn = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                      help="Override a workload parameter (repeatable); e.g. "
+                           "--set duration_s=30.")(fn)
+    return click.option("--alpha", type=float, default=0.6, show_default=True,
+                        help="Nominal load: base arrival rate = alpha x C_prefill of the "
+                             "profile.")(fn)
+
+
 @main.command()
 @click.argument("workload")
 @click.option("--policy", "-p", "policies", multiple=True, default=("lru",), show_default=True,
@@ -119,10 +129,7 @@ def _engine_options(fn):
                    "policy gets the identical trace.")
 @_engine_options
 @click.option("--seed", type=int, default=0, show_default=True, help="Trace seed.")
-@click.option("--alpha", type=float, default=0.6, show_default=True,
-              help="Nominal load: base arrival rate = alpha x C_prefill of the profile.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a workload parameter (repeatable); e.g. --set duration_s=30.")
+@_workload_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write records, summaries and config here.")
 @click.option("--plot/--no-plot", default=True, show_default=True,
@@ -182,10 +189,7 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
 @_engine_options
 @click.option("--seeds", type=int, default=10, show_default=True,
               help="Paired runs: seeds 0..N-1, every policy on the identical trace per seed.")
-@click.option("--alpha", type=float, default=0.6, show_default=True,
-              help="Nominal load: base arrival rate = alpha x C_prefill of the profile.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a workload parameter (repeatable).")
+@_workload_options
 @click.option("--out", "out_csv", type=click.Path(dir_okay=False), default=None,
               help="Write per-run rows and the paired table as CSV (OUT and OUT.paired.csv).")
 @_user_errors
@@ -269,13 +273,10 @@ def trace() -> None:
 @click.argument("workload")
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--alpha", type=float, default=0.6, show_default=True,
-              help="Nominal load: base arrival rate = alpha x C_prefill of the profile.")
 @click.option("--profile", default="l4-qwen2.5-1.5b", show_default=True)
 @click.option("--blocks", "num_blocks", type=int, default=512, show_default=True)
 @click.option("--block-size", type=int, default=16, show_default=True)
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a workload parameter (repeatable).")
+@_workload_options
 @_user_errors
 def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, overrides):
     """Generate WORKLOAD and write it to OUT (.parquet)."""
@@ -439,10 +440,7 @@ def make_model(out_dir, arch, seed, dtype, dry_run, overwrite):
 @click.option("--timed", is_flag=True,
               help="Honour arrival times on the wall clock [default: one request at a time].")
 @click.option("--seed", type=int, default=0, show_default=True, help="Trace seed.")
-@click.option("--alpha", type=float, default=0.6, show_default=True,
-              help="Nominal load: base arrival rate = alpha x C_prefill of the profile.")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="Override a workload parameter (repeatable).")
+@_workload_options
 @click.option("--check-invariants", is_flag=True,
               help="Check the pool/policy invariants after every block-pool call (slow).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,

@@ -70,6 +70,13 @@ def unlink_one(prev, nxt, member, length, b):
     member[b] = -1
 
 
+@njit(cache=True, inline="always")
+def move_to_tail_one(prev, nxt, member, length, num_blocks, k, b):
+    """Move block ``b`` (in any list) to the tail of list ``k``."""
+    unlink_one(prev, nxt, member, length, b)
+    push_tail_one(prev, nxt, member, length, num_blocks, k, b)
+
+
 @njit(cache=True)
 def push_tail(prev, nxt, member, length, num_blocks, k, blocks):
     """Append ``blocks`` in order at the tail of list k."""
@@ -97,14 +104,8 @@ def pop_head(prev, nxt, member, length, num_blocks, k, n, out, out_start):
     head = num_blocks + 2 * k
     for i in range(n):
         b = nxt[head]
-        q = nxt[b]
-        nxt[head] = q
-        prev[q] = head
-        prev[b] = -1
-        nxt[b] = -1
-        member[b] = -1
+        unlink_one(prev, nxt, member, length, b)
         out[out_start + i] = b
-    length[k] -= n
 
 
 @njit(cache=True)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from prefixshield.policies.kernels.linkedlist import move_to_tail_one as _move_to_tail1
 from prefixshield.policies.kernels.linkedlist import push_head_one as _push_head1
 from prefixshield.policies.kernels.linkedlist import push_tail_one as _push_tail1
 from prefixshield.policies.kernels.linkedlist import unlink_one as _unlink1
@@ -109,16 +110,14 @@ def _evict_small(prev, nxt, member, length, num_blocks, freq, in_use, key, cnt, 
             return -1
         b = nxt[head]
         if freq[b] >= params[P_THRESHOLD]:
-            _unlink1(prev, nxt, member, length, b)
-            _push_tail1(prev, nxt, member, length, num_blocks, MAIN, b)
+            _move_to_tail1(prev, nxt, member, length, num_blocks, MAIN, b)
             freq[b] = 0
             if in_use[b]:
                 cnt[SMALL] -= 1
                 cnt[MAIN] += 1
             cnt[C_PROMOTIONS] += 1
         elif in_use[b]:
-            _unlink1(prev, nxt, member, length, b)
-            _push_tail1(prev, nxt, member, length, num_blocks, SMALL, b)
+            _move_to_tail1(prev, nxt, member, length, num_blocks, SMALL, b)
             cnt[C_PINNED_KEPT_SMALL] += 1
         else:
             _unlink1(prev, nxt, member, length, b)
@@ -141,13 +140,11 @@ def _evict_main(prev, nxt, member, length, num_blocks, freq, in_use, key, cnt):
         b = nxt[head]
         f = freq[b]
         if f >= 1:
-            _unlink1(prev, nxt, member, length, b)
-            _push_tail1(prev, nxt, member, length, num_blocks, MAIN, b)
+            _move_to_tail1(prev, nxt, member, length, num_blocks, MAIN, b)
             freq[b] = min(f, 3) - 1
             cnt[C_MAIN_REINSERTS] += 1
         elif in_use[b]:
-            _unlink1(prev, nxt, member, length, b)
-            _push_tail1(prev, nxt, member, length, num_blocks, MAIN, b)
+            _move_to_tail1(prev, nxt, member, length, num_blocks, MAIN, b)
             cnt[C_PINNED_KEPT_MAIN] += 1
         else:
             _unlink1(prev, nxt, member, length, b)
