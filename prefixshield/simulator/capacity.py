@@ -11,13 +11,12 @@ from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
-import pandas as pd
 
 from prefixshield.policies import make_policy
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import CostModel
 from prefixshield.simulator.engine import Engine
-from prefixshield.traces.schema import Trace
+from prefixshield.traces.schema import Trace, build_requests
 
 C_PREFILL_REQUESTS = 32
 C_PREFILL_PROMPT_TOKENS = 1536
@@ -27,7 +26,7 @@ def distinct_prefill_trace(num_requests: int = C_PREFILL_REQUESTS,
                            prompt_tokens: int = C_PREFILL_PROMPT_TOKENS) -> Trace:
     """``num_requests`` requests at t=0, each one unique segment, one output token."""
     n = num_requests
-    df = pd.DataFrame({
+    df = build_requests({
         "request_id": np.arange(n, dtype=np.int64),
         "arrival_s": np.zeros(n),
         "group": ["probe"] * n,
