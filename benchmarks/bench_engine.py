@@ -24,14 +24,13 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # vllm_kv_driver
 
+from prefixshield.experiments.single import RunSpec, build_trace  # noqa: E402
 from prefixshield.policies import POLICIES, make_policy  # noqa: E402
 from prefixshield.simulator.blockpool import BlockPool  # noqa: E402
 from prefixshield.simulator.config import EngineConfig  # noqa: E402
 from prefixshield.simulator.costmodel import load_profile  # noqa: E402
-from prefixshield.simulator.capacity import measure_c_prefill  # noqa: E402
 from prefixshield.simulator.engine import Engine  # noqa: E402
 from prefixshield.simulator.kvcache import KVCacheManager, make_sequence  # noqa: E402
-from prefixshield.traces.generators import generate  # noqa: E402
 
 console = Console(width=140)
 
@@ -48,8 +47,8 @@ def best_of(fn, repeats: int = 3) -> float:
 def bench_engine() -> None:
     profile = load_profile("l4-qwen2.5-1.5b")
     config = EngineConfig()
-    base_rate = 0.6 * measure_c_prefill(profile.cost, config)
-    trace = generate("one_touch", base_rate=base_rate)
+    spec = RunSpec("one_touch", ("lru",), config, profile)
+    trace, _ = build_trace(spec)     # the default trace: load measured with its own requests
     table = Table(title=f"engine: one_touch default scale ({len(trace)} requests, 512 blocks)")
     for col in ("policy", "wall s (best of 3)", "requests / wall s", "scheduler events",
                 "engine steps", "steps / event"):

@@ -59,7 +59,7 @@ def _workload_overrides(workload: str, overrides: tuple[str, ...]) -> dict:
     """Check WORKLOAD (a generated workload or a trace file) and type its ``--set`` items."""
     from prefixshield.experiments.overrides import parse_overrides
     from prefixshield.experiments.single import is_trace_file
-    from prefixshield.traces.generators import WORKLOADS
+    from prefixshield.workloads import WORKLOADS
 
     if not is_trace_file(workload) and workload not in WORKLOADS:
         raise click.BadParameter(f"unknown workload {workload!r}; known: {_workload_names()} "
@@ -73,7 +73,7 @@ def _workload_overrides(workload: str, overrides: tuple[str, ...]) -> dict:
 
 
 def _workload_names() -> str:
-    from prefixshield.traces.generators import WORKLOADS
+    from prefixshield.workloads import WORKLOADS
 
     return ", ".join(sorted(WORKLOADS))
 
@@ -154,10 +154,7 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
     spec = RunSpec(workload=workload, policies=_policy_names(policies), engine=engine,
                    profile=load_profile(profile), alpha=alpha, seed=seed, overrides=typed)
     trace, info = build_trace(spec)
-    console.print(f"[bold]{workload}[/]: {len(trace)} requests, "
-                  f"{trace.requests['group'].nunique()} groups; profile {spec.profile.name} "
-                  f"({spec.profile.provenance['status']}); {num_blocks} blocks x {block_size} "
-                  f"tokens; vLLM compat {vllm_compat}")
+    _print_header(workload, trace, spec, info)
     timings: dict[str, float] = {}
     with console.status("simulating...") as status:
         t0 = [time.perf_counter()]
@@ -205,10 +202,10 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
     from prefixshield.atomic import write_with
     from prefixshield.experiments.overrides import parse_overrides
     from prefixshield.experiments.paired import paired_table, run_paired
-    from prefixshield.experiments.single import RunSpec
+    from prefixshield.experiments.single import RunSpec, build_trace
     from prefixshield.simulator.config import EngineConfig
     from prefixshield.simulator.costmodel import load_profile
-    from prefixshield.traces.generators import WORKLOADS
+    from prefixshield.workloads import WORKLOADS
 
     if workload not in WORKLOADS:
         raise click.BadParameter(f"unknown workload {workload!r}; known: {_workload_names()}",
@@ -221,6 +218,8 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
     names = _policy_names(policies)
     spec = RunSpec(workload=workload, policies=names, engine=engine,
                    profile=load_profile(profile), alpha=alpha, overrides=typed)
+    trace0, info0 = build_trace(spec)
+    _print_header(workload, trace0, spec, info0)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(f"{workload}: {len(names)} policies x {seeds} seeds",
                                  total=seeds)
@@ -229,20 +228,58 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
     table_df = paired_table(runs, baseline=names[0])
     table = Table(title=f"{workload}: paired over {seeds} seeds; differences vs {names[0]} "
                         "(95% bootstrap CI)")
-    for col in ("policy", "hit ratio", "diff (pp)", "P95 TTFT (s)", "diff (s)"):
+    attack = bool(runs["attacker_pressure_ratio"].notna().any())
+    cols = ["policy", "hit ratio", "diff (pp)", "P95 TTFT (s)", "diff (s)"]
+    if attack:
+        cols += ["attacker pressure", "attacker debt (blocks)"]
+    for col in cols:
         table.add_column(col, justify="left" if col == "policy" else "right")
+    means = runs.groupby("policy", sort=False)[["attacker_pressure_ratio",
+                                                "attacker_mean_debt_blocks"]].mean()
     for _, r in table_df.iterrows():
-        table.add_row(r["policy"], f"{100 * r['hit_ratio_mean']:.2f}%",
-                      f"{100 * r['hit_ratio_diff']:+.2f} [{100 * r['hit_ratio_ci_low']:+.2f}, "
-                      f"{100 * r['hit_ratio_ci_high']:+.2f}]",
-                      f"{r['p95_ttft_s_mean']:.3f}",
-                      f"{r['p95_ttft_s_diff']:+.3f} [{r['p95_ttft_s_ci_low']:+.3f}, "
-                      f"{r['p95_ttft_s_ci_high']:+.3f}]")
+        row = [r["policy"], f"{100 * r['hit_ratio_mean']:.2f}%",
+               f"{100 * r['hit_ratio_diff']:+.2f} [{100 * r['hit_ratio_ci_low']:+.2f}, "
+               f"{100 * r['hit_ratio_ci_high']:+.2f}]",
+               f"{r['p95_ttft_s_mean']:.3f}",
+               f"{r['p95_ttft_s_diff']:+.3f} [{r['p95_ttft_s_ci_low']:+.3f}, "
+               f"{r['p95_ttft_s_ci_high']:+.3f}]"]
+        if attack:
+            m = means.loc[r["policy"]]
+            row += [_fmt(m["attacker_pressure_ratio"], ".2f"),
+                    _fmt(m["attacker_mean_debt_blocks"], ".0f")]
+        table.add_row(*row)
     console.print(table)
     if out_csv:
         write_with(out_csv, lambda tmp: runs.to_csv(tmp, index=False))
         write_with(f"{out_csv}.paired.csv", lambda tmp: table_df.to_csv(tmp, index=False))
         console.print(f"wrote {out_csv} and {out_csv}.paired.csv")
+
+
+def _print_header(workload, trace, spec, info) -> None:
+    """What runs: the trace, the engine and profile, and how the load was sized."""
+    e = spec.engine
+    console.print(f"[bold]{workload}[/]: {len(trace)} requests, {len(trace.group_names())} "
+                  f"groups; profile {spec.profile.name} ({spec.profile.provenance['status']}); "
+                  f"{e.num_blocks} blocks x {e.block_size} tokens; vLLM compat {e.vllm_compat}")
+    if "base_rate_req_per_s" not in info:
+        return
+    if info["c_prefill_req_per_s"] is None:
+        console.print(f"load: base rate {info['base_rate_req_per_s']:.3g} req/s (given)")
+    else:
+        console.print(f"load: base rate {info['base_rate_req_per_s']:.3g} req/s = alpha "
+                      f"{spec.alpha:g} x C_prefill {info['c_prefill_req_per_s']:.3g} req/s "
+                      f"(measured: {info['c_prefill_probe']})")
+    meta = trace.meta
+    if "designed_pressure_ratio" in meta:
+        console.print(f"attacker: {meta['attacker_rate']:.3g} req/s, designed creation pressure "
+                      f"{meta['designed_pressure_ratio']:.2f} x its refill "
+                      f"({meta['attacker_rho_blocks_per_s']:g} blocks/s)"
+                      + ("" if meta["params"].get("attack", True) else "; silent (control)"))
+
+
+def _fmt(x: float, spec: str) -> str:
+    """``format(x, spec)``, or ``-`` for NaN."""
+    return "-" if x != x else format(x, spec)
 
 
 def _print_summary(results, timings) -> None:
@@ -251,16 +288,27 @@ def _print_summary(results, timings) -> None:
     first = next(iter(results.values()))
     pop = summarize(first)["population"]
     table = Table(title=f"judged population: {'measured victim' if pop == 'victim' else 'all measured'} requests")
-    for col, just in [("policy", "left"), ("requests", "right"), ("hit ratio", "right"),
-                      ("P50 TTFT (s)", "right"), ("P95 TTFT (s)", "right"),
-                      ("preemptions", "right"), ("evictions", "right"), ("sim time (s)", "right")]:
-        table.add_column(col, justify=just)
+    attack = pop == "victim"
+    cols = ["policy", "requests", "hit ratio", "token hit ratio", "P50 TTFT (s)", "P95 TTFT (s)",
+            "preemptions", "evictions"]
+    if attack:
+        cols += ["attacker pressure", "attacker debt (blocks)"]
+    for col in cols + ["sim time (s)"]:
+        table.add_column(col, justify="left" if col == "policy" else "right")
     for name, r in results.items():
         s = summarize(r)
-        table.add_row(name, str(s["requests"]), f"{100 * s['hit_ratio']:.2f}%",
-                      f"{s['p50_ttft_s']:.3f}", f"{s['p95_ttft_s']:.3f}", str(s["preemptions"]),
-                      str(s["evictions"]), f"{timings.get(name, float('nan')):.2f}")
+        row = [name, str(s["requests"]), f"{100 * s['hit_ratio']:.2f}%",
+               f"{100 * s['token_hit_ratio']:.2f}%", f"{s['p50_ttft_s']:.3f}",
+               f"{s['p95_ttft_s']:.3f}", str(s["preemptions"]), str(s["evictions"])]
+        if attack:
+            row += [_fmt(s["attacker_pressure_ratio"], ".2f"),
+                    _fmt(s["attacker_mean_debt_blocks"], ".0f")]
+        table.add_row(*row, f"{timings.get(name, float('nan')):.2f}")
     console.print(table)
+    if attack:
+        console.print("attacker pressure: blocks the attacker materialized per second of the "
+                      "pressure window over its refill (measured); debt: its time-weighted mean "
+                      "token-bucket debt (DESIGN §5.4) over the window.")
 
 
 # ---------------------------------------------------------------------------------------- trace
@@ -284,7 +332,7 @@ def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, 
     from prefixshield.experiments.single import RunSpec, build_trace
     from prefixshield.simulator.config import EngineConfig
     from prefixshield.simulator.costmodel import load_profile
-    from prefixshield.traces.generators import WORKLOADS
+    from prefixshield.workloads import WORKLOADS
     from prefixshield.traces.io import write_trace
 
     if workload not in WORKLOADS:
@@ -455,23 +503,17 @@ def validate(workload, policy, profile, model_dir, num_blocks, block_size, max_n
     Small pools cannot hold the 1,536-token C_prefill probe: give the rate with
     --set base_rate=... (requests/s) and prompt sizes with --set prefix_tokens=....
     """
-    from prefixshield.experiments.single import RunSpec, build_trace, is_trace_file
+    from prefixshield.experiments.single import RunSpec, build_trace
     from prefixshield.simulator.config import EngineConfig
     from prefixshield.simulator.costmodel import load_profile
-    from prefixshield.traces import generators
 
     typed = _workload_overrides(workload, overrides)
     engine = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, vllm_compat="current")
     prof = load_profile(profile)
-    if is_trace_file(workload) or "base_rate" not in typed:
-        spec = RunSpec(workload=workload, policies=(policy,), engine=engine, profile=prof,
-                       alpha=alpha, seed=seed, overrides=typed)
-        trace, _info = build_trace(spec)
-    else:
-        trace = generators.generate(workload, **{"seed": seed, "alpha": alpha,
-                                                 "block_size": block_size,
-                                                 "num_blocks": num_blocks, **typed})
+    spec = RunSpec(workload=workload, policies=(policy,), engine=engine, profile=prof,
+                   alpha=alpha, seed=seed, overrides=typed)
+    trace, _info = build_trace(spec)
     try:
         from prefixshield.validate.compare import to_markdown
         from prefixshield.validate.compare import validate as run_validation

@@ -32,6 +32,28 @@ def test_run_writes_records_summary_config_and_png(tmp_path):
     assert not list(out.rglob("*.tmp"))
 
 
+def test_run_header_says_how_the_load_was_measured_and_the_attack_sized():
+    r = invoke("run", "one_touch", "--policy", "lru", *SMALL)
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "C_prefill" in text and "32 distinct-prefix requests" in text
+    assert "1,536-token prefix" in text and "azure_conv outputs (mean 211 tokens)" in text
+    assert "designed creation pressure" in text and "attacker pressure" in text
+    r = invoke("run", "one_touch", "--policy", "lru", *SMALL, "--set", "base_rate=1.5")
+    assert "base rate 1.5 req/s (given)" in " ".join(r.output.split())
+
+
+def test_control_keeps_the_attacker_configured_so_the_quota_is_sized_the_same(tmp_path):
+    out = tmp_path / "out"
+    r = invoke("run", "one_touch", "-p", "static_quota", *SMALL, "--set", "attack=false",
+               "--out", out)
+    assert r.exit_code == 0, r.output
+    assert "silent (control)" in r.output
+    groups = pd.read_csv(out / "static_quota" / "groups.csv")
+    assert list(groups["group"]) == ["victim", "attacker"]
+    assert groups.set_index("group").loc["victim", "peak_blocks"] <= 511 // 2
+
+
 def test_trace_generate_then_run_the_file(tmp_path):
     path = tmp_path / "t.parquet"
     assert invoke("trace", "generate", "one_touch", path, *SMALL).exit_code == 0

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import platform
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,14 +19,14 @@ from prefixshield import __version__
 from prefixshield.atomic import write_text, write_with
 from prefixshield.experiments.overrides import parse_policy_spec
 from prefixshield.policies import make_policy
-from prefixshield.simulator.capacity import measure_c_prefill
+from prefixshield.simulator.capacity import C_PREFILL_REQUESTS, measure_c_prefill
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import Profile
 from prefixshield.simulator.engine import Engine, RunResult
 from prefixshield.simulator.metrics import eviction_matrix, group_table, occupancy_frame, summarize
-from prefixshield.traces import generators
 from prefixshield.traces.io import read_trace, write_trace
 from prefixshield.traces.schema import Trace
+from prefixshield.workloads import WORKLOADS, make_params, params_to_dict
 
 
 @dataclass(frozen=True)
@@ -63,25 +63,50 @@ class RunSpec:
 
 def is_trace_file(workload: str) -> bool:
     """Whether ``workload`` names a file rather than a registered workload."""
-    return workload not in generators.WORKLOADS and (
+    return workload not in WORKLOADS and (
         workload.endswith(".parquet") or Path(workload).exists() or "/" in workload)
+
+
+def resolve_params(spec: RunSpec) -> tuple[Any, dict]:
+    """The workload params of ``spec`` with the load sized, and how it was sized.
+
+    ``base_rate = alpha * C_prefill``, with ``C_prefill`` measured on this profile and engine
+    with 32 distinct-prefix requests shaped like the workload's own (``probe_shapes``), unless
+    the overrides give ``base_rate`` (requests/s) directly. Returns the params and a dict for
+    ``config.json`` and headers (``c_prefill_req_per_s``, ``c_prefill_probe``,
+    ``base_rate_req_per_s``, ``params``).
+    """
+    if spec.workload not in WORKLOADS:
+        raise ValueError(f"unknown workload {spec.workload!r}; known: "
+                         f"{', '.join(sorted(WORKLOADS))} (or a .parquet trace file)")
+    params = dict(seed=spec.seed, alpha=spec.alpha, block_size=spec.engine.block_size,
+                  num_blocks=spec.engine.num_blocks)
+    params.update(spec.overrides)
+    p = make_params(spec.workload, **params)
+    info: dict[str, Any] = {"workload": spec.workload}
+    if "base_rate" in spec.overrides:
+        info["c_prefill_req_per_s"] = None
+        info["c_prefill_probe"] = "not measured: base_rate given"
+    else:
+        prompt, output = p.probe_shapes(C_PREFILL_REQUESTS)
+        c_prefill = measure_c_prefill(spec.profile.cost, spec.engine, prompt, output)
+        p = replace(p, base_rate=spec.alpha * c_prefill)
+        info["c_prefill_req_per_s"] = c_prefill
+        info["c_prefill_probe"] = (f"LRU, {C_PREFILL_REQUESTS} distinct-prefix requests at "
+                                   f"t=0: {p.shape_summary()}; mean prompt "
+                                   f"{prompt.mean():.0f}, mean output {output.mean():.0f} "
+                                   f"tokens")
+    info["base_rate_req_per_s"] = p.base_rate
+    info["params"] = params_to_dict(p)
+    return p, info
 
 
 def build_trace(spec: RunSpec) -> tuple[Trace, dict]:
     """The trace for ``spec`` and a dict saying how it was obtained (written with the results)."""
     if is_trace_file(spec.workload):
         return read_trace(spec.workload), {"trace_file": str(spec.workload)}
-    if spec.workload not in generators.WORKLOADS:
-        raise ValueError(f"unknown workload {spec.workload!r}; known: "
-                         f"{', '.join(sorted(generators.WORKLOADS))} (or a .parquet trace file)")
-    c_prefill = measure_c_prefill(spec.profile.cost, spec.engine)
-    params = dict(seed=spec.seed, base_rate=spec.alpha * c_prefill, alpha=spec.alpha,
-                  block_size=spec.engine.block_size, num_blocks=spec.engine.num_blocks)
-    params.update(spec.overrides)
-    p = generators.make_params(spec.workload, **params)
-    trace = generators.WORKLOADS[spec.workload](p)
-    return trace, {"workload": spec.workload, "c_prefill_req_per_s": c_prefill,
-                   "base_rate_req_per_s": p.base_rate, "params": generators.params_to_dict(p)}
+    p, info = resolve_params(spec)
+    return WORKLOADS[spec.workload](p), info
 
 
 def run_policies(trace: Trace, spec: RunSpec,

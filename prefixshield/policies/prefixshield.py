@@ -75,14 +75,17 @@ _KEY_TYPE = types.UniTuple(types.int64, 2)
 
 
 class DebtLog:
-    """Bounded series of ``(t s, group, D_g blocks)`` samples, one per charge.
+    """Bounded series of ``(t s, group, D_g blocks, cached blocks per group and class)``
+    samples, one per charge.
 
     Keeps the samples of charges ``0, stride, 2·stride, ...`` (counting every charge), at most
     ``max_samples`` of them: when full, ``stride`` doubles and every second sample is dropped, so
     the series stays evenly spread over the whole run. ``max_samples=0`` records nothing.
+    ``num_classes_per_sample`` is the size of the class snapshot each sample carries (groups x
+    classes; 0: none).
     """
 
-    def __init__(self, max_samples: int) -> None:
+    def __init__(self, max_samples: int, num_classes_per_sample: int = 0) -> None:
         if max_samples < 0:
             raise ValueError(f"max_debt_samples must be >= 0, got {max_samples}")
         self.max_samples = int(max_samples)
@@ -90,12 +93,15 @@ class DebtLog:
         self.t = np.empty(cap, dtype=np.float64)
         self.group = np.empty(cap, dtype=np.int32)
         self.debt = np.empty(cap, dtype=np.float64)
+        self.classes = np.empty((cap, int(num_classes_per_sample)), dtype=np.int64)
         self.size = 0
         self.stride = 1
         self.num_charges = 0
 
-    def append(self, t: float, group: int, debt: float) -> None:
-        """Count one charge and record its sample if its index is a multiple of the stride."""
+    def append(self, t: float, group: int, debt: float,
+               classes: np.ndarray | None = None) -> None:
+        """Count one charge and record its sample if its index is a multiple of the stride
+        (``classes``: the class snapshot, flattened to ``num_classes_per_sample`` counts)."""
         i = self.num_charges
         self.num_charges += 1
         if self.max_samples == 0 or i % self.stride:
@@ -106,11 +112,11 @@ class DebtLog:
                 self.t = np.resize(self.t, cap)
                 self.group = np.resize(self.group, cap)
                 self.debt = np.resize(self.debt, cap)
+                self.classes = np.resize(self.classes, (cap, self.classes.shape[1]))
             else:
                 keep = (self.size + 1) // 2
-                self.t[:keep] = self.t[0:self.size:2]
-                self.group[:keep] = self.group[0:self.size:2]
-                self.debt[:keep] = self.debt[0:self.size:2]
+                for arr in (self.t, self.group, self.debt, self.classes):
+                    arr[:keep] = arr[0:self.size:2]
                 self.size = keep
                 self.stride *= 2
                 if i % self.stride:
@@ -118,12 +124,18 @@ class DebtLog:
         self.t[self.size] = t
         self.group[self.size] = group
         self.debt[self.size] = debt
+        if classes is not None:
+            self.classes[self.size] = classes.reshape(-1)
         self.size += 1
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Copies of (t seconds, group id, raw debt blocks)."""
         n = self.size
         return self.t[:n].copy(), self.group[:n].copy(), self.debt[:n].copy()
+
+    def class_samples(self) -> np.ndarray:
+        """Copy of the class snapshots, ``[samples, num_classes_per_sample]``."""
+        return self.classes[:self.size].copy()
 
 
 @register_policy
@@ -192,7 +204,7 @@ class PrefixShieldPolicy(Policy):
         self._hnxt[H] = H + 1
         self._hprev[H + 1] = H
         self._hused = np.zeros(1, dtype=np.int64)
-        self.debt_log = DebtLog(self.max_debt_samples)
+        self.debt_log = DebtLog(self.max_debt_samples, G * K.NUM_CLASSES)
         C = len(contracts)
         self._queues = LinkedLists(self.num_blocks, K.NUM_CLASSES * G)
         self.rho = np.array([c.rho_blocks_per_s for c in contracts], dtype=np.float64)
@@ -207,6 +219,7 @@ class PrefixShieldPolicy(Policy):
         self.gated = np.zeros(G, dtype=np.int64)
         self.in_debt = np.zeros(G, dtype=np.int64)
         self.evictions = np.zeros((G, G + 1), dtype=np.int64)
+        self.evicted_class = np.zeros((G + 1, K.NUM_CLASSES), dtype=np.int64)
         self._P = np.zeros(G, dtype=np.float64)
         self._W = np.zeros(G, dtype=np.float64)
         self._heap = np.zeros(G, dtype=np.int32)
@@ -264,7 +277,7 @@ class PrefixShieldPolicy(Policy):
         if bad >= 0:
             raise ValueError(f"on_materialize: block {int(blocks[bad])} is free or not a block id "
                              f"(materialized blocks must be in use); nothing was charged")
-        self.debt_log.append(now, group, d)
+        self.debt_log.append(now, group, d, self.class_count)
 
     def on_hit(self, blocks: np.ndarray, group: int, contract: int, prefix_id: int,
                now: float) -> None:
@@ -317,7 +330,8 @@ class PrefixShieldPolicy(Policy):
             K.select(n, now, requester, out, self.balance, self.t0, self.rho, self.beta,
                      self.weight, self.epsilon, self.responsibility, *self._lists(),
                      self.owner, self.contract, self.prefix, self.klass, self.cached, self.seq,
-                     self.hits, self.class_count, self.evictions, self._P, self._W, self._heap)
+                     self.hits, self.class_count, self.evictions, self.evicted_class, self._P,
+                     self._W, self._heap)
         return out
 
     def num_free(self) -> int:
@@ -347,7 +361,8 @@ class PrefixShieldPolicy(Policy):
                  self.epsilon, self.responsibility, *self._lists(glob, queues),
                  self.owner.copy(), self.contract.copy(), self.prefix.copy(), self.klass.copy(),
                  self.cached.copy(), self.seq, self.hits.copy(), self.class_count.copy(),
-                 self.evictions.copy(), self._P.copy(), self._W.copy(), self._heap.copy())
+                 self.evictions.copy(), self.evicted_class.copy(), self._P.copy(),
+                 self._W.copy(), self._heap.copy())
         return out
 
     # ------------------------------------------------------------------ accounting views
@@ -388,16 +403,19 @@ class PrefixShieldPolicy(Policy):
         Keys: ``flags``; ``groups``; ``clock_s``; ``cached_blocks`` and ``free_cached_blocks``
         (per group, per class name; cached = in use + free); ``truly_free_blocks``;
         ``debt_blocks`` / ``normalized_debt`` (per group, now); ``debt_samples`` (``t_s``,
-        ``group``, ``debt_blocks`` lists, one per charge, bounded); ``promotions_granted``,
+        ``group``, ``debt_blocks`` lists, one per charge, bounded); ``class_samples`` (per
+        group, per class name: cached blocks at each of those samples); ``promotions_granted``,
         ``promotions_gated``, ``promotions_in_debt`` (per group); ``evictions`` (matrix
         ``[requesting group][owner]``, owners named by ``eviction_owners``, the last being an
-        unknown owner); ``charged_blocks`` (per group, a list indexed like ``contracts``);
+        unknown owner); ``evicted_by_class`` (per owner, per class name: the class each evicted
+        block had); ``charged_blocks`` (per group, a list indexed like ``contracts``);
         ``materialized_blocks`` (per group)."""
         G = len(self.groups)
         names = list(self.groups)
         q = self._queues
         free_cls = q.length.reshape(G, K.NUM_CLASSES) if G else np.zeros((0, 3), dtype=np.int64)
         t, grp, d = self.debt_log.arrays()
+        snap = self.debt_log.class_samples().reshape(-1, G, K.NUM_CLASSES)
         return {
             "policy": self.name,
             "flags": {"segmentation": self.segmentation, "debt_gate": self.debt_gate,
@@ -416,11 +434,16 @@ class PrefixShieldPolicy(Policy):
                                 for g in range(G)},
             "debt_samples": {"t_s": t.tolist(), "group": grp.tolist(), "debt_blocks": d.tolist(),
                              "stride": self.debt_log.stride},
+            "class_samples": {names[g]: {c: snap[:, g, k].tolist()
+                                         for k, c in enumerate(CLASS_NAMES)}
+                              for g in range(G)},
             "promotions_granted": {names[g]: int(self.granted[g]) for g in range(G)},
             "promotions_gated": {names[g]: int(self.gated[g]) for g in range(G)},
             "promotions_in_debt": {names[g]: int(self.in_debt[g]) for g in range(G)},
             "evictions": self.evictions.tolist(),
             "eviction_owners": names + ["<unknown>"],
+            "evicted_by_class": {o: dict(zip(CLASS_NAMES, map(int, self.evicted_class[i])))
+                                 for i, o in enumerate(names + ["<unknown>"])},
             "contracts": [c.name for c in self.contracts],
             "charged_blocks": {names[g]: [int(x) for x in self.charged[g]] for g in range(G)},
             "materialized_blocks": {names[g]: int(self.materialized[g]) for g in range(G)},

@@ -22,6 +22,7 @@ from numba import njit, types
 from numba.typed import Dict
 
 from prefixshield.policies.base import Policy
+from prefixshield.simulator.creation import CreationLog
 
 NO_HASH = np.uint64(0)
 NULL_BLOCK = 0
@@ -127,6 +128,8 @@ class BlockPool:
         owner_group: int32 per block; group using it, or owning its cached content; -1 if truly free.
         occupancy: int64 per group; blocks whose ``owner_group`` is that group.
         evictions: int64 ``[requesting group, owner group]``; cached blocks reclaimed.
+        creations: every materialization (seconds, group, contract, blocks), for creation
+            pressure and debt reports under any policy.
     """
 
     def __init__(self, num_blocks: int, policy: Policy, num_groups: int) -> None:
@@ -144,6 +147,7 @@ class BlockPool:
         self.occupancy = np.zeros(num_groups, dtype=np.int64)
         self.evictions = np.zeros((num_groups, num_groups), dtype=np.int64)
         self.num_evicted_total = 0
+        self.creations = CreationLog()
         self.hash_map = Dict.empty(key_type=types.uint64, value_type=types.int64)
         self._scratch = np.empty(num_blocks, dtype=np.int32)
         self._scratch2 = np.empty(num_blocks, dtype=np.int32)
@@ -194,6 +198,7 @@ class BlockPool:
         if blocks.shape[0] == 0:
             return
         _cache(blocks, hashes, self.ref_cnt, self.block_hash, self.hash_map, self.hash_next)
+        self.creations.append(now, group, contract, blocks.shape[0])
         self.policy.on_materialize(blocks, hashes, group, contract, prefix_id, now)
 
     def free_blocks(self, ordered_blocks: np.ndarray, now: float) -> None:

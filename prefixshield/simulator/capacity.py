@@ -1,8 +1,12 @@
-"""``C_prefill``: the unique-prefill throughput of an engine profile (requests per second).
+"""``C_prefill``: the unique-prefill throughput of a profile for a workload (requests per second).
 
-Measured, as in the reference evaluation, by simulating 32 requests with distinct 1,536-token
-prefixes (no reuse possible) arriving together under LRU, and dividing 32 by the makespan. The
-nominal load ``alpha`` of a workload then sets its base arrival rate to ``alpha * C_prefill``.
+Measured as in the reference evaluation: 32 requests with distinct prefixes (no reuse possible)
+arrive together under LRU, and ``C_prefill = 32 / makespan``. The requests are *shaped like the
+workload's* (DESIGN §7): the same prompt lengths and output-length distribution
+(``probe_shapes`` of the workload's params), so that a workload whose requests decode hundreds
+of tokens, and hold their blocks while they do, is loaded against what the engine can really
+serve, not against one-token prefills. The nominal load ``alpha`` then sets the base arrival rate
+to ``alpha * C_prefill``. Results are cached per (profile cost, engine, request shapes).
 """
 
 from __future__ import annotations
@@ -19,13 +23,17 @@ from prefixshield.simulator.engine import Engine
 from prefixshield.traces.schema import Trace, build_requests
 
 C_PREFILL_REQUESTS = 32
-C_PREFILL_PROMPT_TOKENS = 1536
 
 
-def distinct_prefill_trace(num_requests: int = C_PREFILL_REQUESTS,
-                           prompt_tokens: int = C_PREFILL_PROMPT_TOKENS) -> Trace:
-    """``num_requests`` requests at t=0, each one unique segment, one output token."""
-    n = num_requests
+def distinct_prefill_trace(prompt_tokens, output_tokens) -> Trace:
+    """Requests at t=0, request i one unique segment of ``prompt_tokens[i]`` tokens decoding
+    ``output_tokens[i]`` tokens."""
+    prompt = np.asarray(prompt_tokens, dtype=np.int64)
+    out = np.asarray(output_tokens, dtype=np.int64)
+    n = len(prompt)
+    if n == 0 or len(out) != n:
+        raise ValueError(f"C_prefill probe needs equal, non-zero numbers of prompt and output "
+                         f"lengths, got {n} and {len(out)}")
     df = build_requests({
         "request_id": np.arange(n, dtype=np.int64),
         "arrival_s": np.zeros(n),
@@ -34,20 +42,30 @@ def distinct_prefill_trace(num_requests: int = C_PREFILL_REQUESTS,
         "role": ["benign"] * n,
         "prefix_id": np.arange(n, dtype=np.int64),
         "measured": np.ones(n, dtype=bool),
-        "output_tokens": np.ones(n, dtype=np.int64),
+        "output_tokens": out,
         "segment_ids": [np.array([i], dtype=np.int64) for i in range(n)],
-        "segment_lengths": [np.array([prompt_tokens], dtype=np.int64) for _ in range(n)],
+        "segment_lengths": [np.array([p], dtype=np.int64) for p in prompt],
         "output_segment_id": np.full(n, -1, dtype=np.int64),
     })
     return Trace(df, seed=0, meta={"generator": "c_prefill_probe"})
 
 
-@lru_cache(maxsize=64)
-def measure_c_prefill(cost: CostModel, config: EngineConfig) -> float:
-    """Requests/s of unique 1,536-token prefills on this profile and engine (LRU, 32 requests)."""
-    cfg = replace(config, check_invariants=False)
-    trace = distinct_prefill_trace()
-    engine = Engine(trace, make_policy("lru", cfg.num_blocks, vllm_compat=cfg.vllm_compat), cost, cfg)
-    result = engine.run()
+def measure_c_prefill(cost: CostModel, config: EngineConfig, prompt_tokens,
+                      output_tokens) -> float:
+    """Requests/s at which this profile and engine serve the distinct-prefix probe requests
+    (``prompt_tokens[i]``, ``output_tokens[i]``; LRU): ``len / makespan``. Cached."""
+    return _measure(cost, replace(config, check_invariants=False),
+                    tuple(int(x) for x in prompt_tokens), tuple(int(x) for x in output_tokens))
+
+
+@lru_cache(maxsize=256)
+def _measure(cost: CostModel, config: EngineConfig, prompt_tokens: tuple[int, ...],
+             output_tokens: tuple[int, ...]) -> float:
+    trace = distinct_prefill_trace(prompt_tokens, output_tokens)
+    policy = make_policy("lru", config.num_blocks, vllm_compat=config.vllm_compat)
+    result = Engine(trace, policy, cost, config).run()
     makespan = float(np.nanmax(result.records["e2e_s"]))
-    return C_PREFILL_REQUESTS / makespan
+    if not makespan > 0:
+        raise ValueError(f"C_prefill probe finished in {makespan} s: the profile's step time "
+                         f"must be > 0")
+    return len(prompt_tokens) / makespan

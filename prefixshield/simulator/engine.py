@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -58,6 +58,11 @@ class RunResult:
         num_steps: engine steps simulated (coalesced decode runs count each step).
         num_events: scheduler iterations actually executed (the simulator's work).
         policy_stats: the policy's own counters at the end.
+        creations: every materialization: ``t_s``, ``group``, ``contract`` (ids) and
+            ``blocks`` arrays (see :mod:`prefixshield.simulator.creation`).
+        contracts: contract names by id; ``contract_rho`` / ``contract_beta`` their refill
+            (blocks/s) and burst (blocks).
+        trace_meta: the trace's ``meta`` (workload, parameters, windows).
     """
 
     records: pd.DataFrame
@@ -68,6 +73,11 @@ class RunResult:
     num_steps: int
     num_events: int
     policy_stats: dict = field(default_factory=dict)
+    creations: dict = field(default_factory=dict)
+    contracts: list[str] = field(default_factory=list)
+    contract_rho: np.ndarray = field(default_factory=lambda: np.empty(0))
+    contract_beta: np.ndarray = field(default_factory=lambda: np.empty(0))
+    trace_meta: dict = field(default_factory=dict)
 
 
 class Engine:
@@ -91,8 +101,9 @@ class Engine:
         self.config = config
         self.cost = cost
         df = trace.requests
-        self.groups: list[str] = list(dict.fromkeys(df["group"].astype(str)))
-        self.contracts: list[str] = list(dict.fromkeys(df["contract"].astype(str)))
+        # Declared tenants included: a silent (configured, request-less) group still counts.
+        self.groups: list[str] = trace.group_names()
+        self.contracts: list[str] = trace.contract_names()
         gidx = {g: i for i, g in enumerate(self.groups)}
         cidx = {c: i for i, c in enumerate(self.contracts)}
         self.group_id = df["group"].astype(str).map(gidx).to_numpy(np.int64)
@@ -119,7 +130,8 @@ class Engine:
         if unknown:
             raise EngineError(f"trace names contract {unknown[0]!r}, which is not configured; "
                               f"known: {', '.join(sorted(contracts))}")
-        policy.bind_tenants(self.groups, [contracts[c] for c in self.contracts])
+        self._contract_table = [contracts[c] for c in self.contracts]
+        policy.bind_tenants(self.groups, self._contract_table)
         self.pool = BlockPool(config.num_blocks, policy, len(self.groups))
         self.kv = KVCacheManager(self.pool, config.block_size)
         self.first_token_s = np.full(n, np.nan)
@@ -332,15 +344,37 @@ class Engine:
             self._occ.append(occ.copy())
 
     # ------------------------------------------------------------------ results
-    def run(self) -> RunResult:
-        """Simulate the whole trace; returns the records and run-level state."""
+    def run(self, observe: Callable[["Engine", float], None] | None = None,
+            every_s: float = 1.0) -> RunResult:
+        """Simulate the whole trace; returns the records and run-level state.
+
+        Args:
+            observe: called as ``observe(engine, t)`` at ``t = every_s, 2 * every_s, ...``
+                simulated seconds while the run lasts, to sample state over time (the pool, the
+                policy's classes); it must not change anything. The results do not depend on it.
+            every_s: the sampling period in simulated seconds (> 0).
+        """
         self.env.process(self._arrivals())
         done = self.env.process(self._engine())
-        self.env.run(until=done)
+        if observe is None:
+            self.env.run(until=done)
+        else:
+            if not every_s > 0:
+                raise ValueError(f"every_s must be > 0 s, got {every_s}")
+            t = every_s
+            while not done.triggered:
+                self.env.run(until=t)
+                if not done.triggered:
+                    observe(self, t)
+                t += every_s
         return RunResult(records=self.records(), groups=self.groups,
                          occupancy_t=np.asarray(self._occ_t), occupancy=np.vstack(self._occ),
                          evictions=self.pool.evictions.copy(), num_steps=self.num_steps,
-                         num_events=self.num_events, policy_stats=self.pool.policy.stats())
+                         num_events=self.num_events, policy_stats=self.pool.policy.stats(),
+                         creations=self.pool.creations.arrays(), contracts=self.contracts,
+                         contract_rho=np.array([c.rho_blocks_per_s for c in self._contract_table]),
+                         contract_beta=np.array([c.beta_blocks for c in self._contract_table]),
+                         trace_meta=self.trace.meta)
 
     def records(self) -> pd.DataFrame:
         """Per-request records: arrival, identity, tokens, new blocks, TTFT, latency, preemptions."""

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from prefixshield.simulator.creation import group_creation
 from prefixshield.simulator.engine import RunResult
 
 
@@ -26,24 +27,63 @@ def _p(x: pd.Series, q: float) -> float:
     return float(np.percentile(x, q)) if len(x) else float("nan")
 
 
+def measured_window(result: RunResult) -> tuple[float, float]:
+    """The measured phase in seconds: the trace's ``measure_start_s``/``measure_end_s``, else
+    the span of the measured arrivals."""
+    meta = result.trace_meta
+    if "measure_start_s" in meta and "measure_end_s" in meta:
+        return float(meta["measure_start_s"]), float(meta["measure_end_s"])
+    arr = result.records.loc[result.records["measured"], "arrival_s"]
+    return (float(arr.min()), float(arr.max())) if len(arr) else (0.0, 0.0)
+
+
+def attacker_group(result: RunResult) -> str | None:
+    """The attack trace's attacker group (configured, possibly silent), or None."""
+    name = result.trace_meta.get("attacker_group")
+    if name in result.groups:
+        return name
+    att = result.records.loc[result.records["role"] == "attacker", "group"]
+    return str(att.iloc[0]) if len(att) else None
+
+
+def creation(result: RunResult, group: str, window: tuple[float, float]) -> dict[str, float]:
+    """``created_blocks``, ``pressure_ratio`` and ``mean_debt_blocks`` of ``group`` over
+    ``window`` (see :func:`prefixshield.simulator.creation.group_creation`)."""
+    return group_creation(result.creations, result.groups.index(group), result.contract_rho,
+                          result.contract_beta, window)
+
+
 def summarize(result: RunResult) -> dict:
     """Headline numbers of one run.
 
     Returns a dict with ``population`` (``victim`` or ``all``), ``requests``, ``hit_ratio`` (mean
-    hit fraction), ``p50_ttft_s``, ``p95_ttft_s``, ``mean_e2e_s``, ``preemptions``,
-    ``evictions`` (cached blocks reclaimed), ``sim_steps`` and ``sim_events``.
+    hit fraction), ``token_hit_ratio`` (cached / prompt tokens, summed over the population, the
+    figure trace studies publish), ``p50_ttft_s``, ``p95_ttft_s``, ``mean_e2e_s``,
+    ``preemptions``, ``evictions`` (cached blocks reclaimed), ``attacker_pressure_ratio`` and
+    ``attacker_mean_debt_blocks`` (measured over the pressure window; NaN without an attacker),
+    ``sim_steps`` and ``sim_events``.
     """
     rec = result.records
     pop = population(rec)
+    att = attacker_group(result)
+    if att is None:
+        pressure = {"pressure_ratio": float("nan"), "mean_debt_blocks": float("nan")}
+    else:
+        window = result.trace_meta.get("pressure_window_s") or measured_window(result)
+        pressure = creation(result, att, tuple(window))
     return {
         "population": "victim" if (pop["role"] == "victim").any() else "all",
         "requests": int(len(pop)),
         "hit_ratio": float(pop["hit_fraction"].mean()) if len(pop) else float("nan"),
+        "token_hit_ratio": (float(pop["cached_tokens"].sum() / pop["prompt_tokens"].sum())
+                            if len(pop) else float("nan")),
         "p50_ttft_s": _p(pop["ttft_s"], 50),
         "p95_ttft_s": _p(pop["ttft_s"], 95),
         "mean_e2e_s": float(pop["e2e_s"].mean()) if len(pop) else float("nan"),
         "preemptions": int(rec["preemptions"].sum()),
         "evictions": int(result.evictions.sum()),
+        "attacker_pressure_ratio": pressure["pressure_ratio"],
+        "attacker_mean_debt_blocks": pressure["mean_debt_blocks"],
         "sim_steps": int(result.num_steps),
         "sim_events": int(result.num_events),
     }
@@ -58,7 +98,8 @@ def occupancy_frame(result: RunResult) -> pd.DataFrame:
 
 def group_table(result: RunResult) -> pd.DataFrame:
     """Per-group view: measured requests, hit ratio, TTFT percentiles, blocks created, occupancy
-    (peak, and time-weighted mean over the measured window), evictions caused and suffered."""
+    (peak, and time-weighted mean over the measured window), evictions caused and suffered, and
+    creation pressure and mean debt over the measured window."""
     rec = result.records
     measured = rec[rec["measured"]]
     t = result.occupancy_t
@@ -66,8 +107,10 @@ def group_table(result: RunResult) -> pd.DataFrame:
     start = float(measured["arrival_s"].min()) if len(measured) else 0.0
     end = float(np.nanmax(rec["arrival_s"].to_numpy() + rec["e2e_s"].fillna(0).to_numpy())) \
         if len(rec) else 0.0
+    window = measured_window(result)
     rows = []
     for gi, g in enumerate(result.groups):
+        made = creation(result, g, window)
         m = measured[measured["group"] == g]
         role = rec.loc[rec["group"] == g, "role"].iloc[0] if (rec["group"] == g).any() else ""
         rows.append({
@@ -82,6 +125,8 @@ def group_table(result: RunResult) -> pd.DataFrame:
             "mean_blocks": _time_weighted_mean(t, occ[:, gi], start, end),
             "evictions_caused": int(result.evictions[gi, :].sum()),
             "evictions_suffered": int(result.evictions[:, gi].sum()),
+            "pressure_ratio": made["pressure_ratio"],
+            "mean_debt_blocks": made["mean_debt_blocks"],
         })
     return pd.DataFrame(rows)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from prefixshield.traces.generators import SHAREGPT_TURNS_FILE, TURN_COLUMNS, cap_turns
+from prefixshield.traces.conversations import SHAREGPT_TURNS_FILE, TURN_COLUMNS, cap_turns
 from prefixshield.traces.importers import parse_sharegpt
 
 CHARS_PER_TOKEN = 4.0

@@ -26,7 +26,8 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from prefixshield.traces.generators import RequestRows, add_conversations, cap_turns
+from prefixshield.traces.conversations import add_conversations, cap_turns
+from prefixshield.traces.rows import RequestRows
 from prefixshield.traces.schema import DEFAULT_VOCAB_SIZE, ROLES, Trace, TraceError
 from prefixshield.traces.segments import LOCAL_BITS, SegmentKind, segment_ids
 

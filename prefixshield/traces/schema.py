@@ -20,7 +20,9 @@ output_segment_id  int64           segment whose tokens the request "generates" 
 
 Trace-level fields: ``seed`` (token ids of a segment are a pure function of seed and segment id,
 see :mod:`prefixshield.traces.tokens`), ``vocab_size`` and ``meta`` (generator name and
-parameters, free-form JSON-able dict).
+parameters, free-form JSON-able dict). ``meta["tenants"]`` (optional) declares the configured
+groups and contracts, ``{"groups": [...], "contracts": [...]}``, including ones without a request
+in this trace (the silent attacker of a no-attack control).
 """
 
 from __future__ import annotations
@@ -114,6 +116,14 @@ class Trace:
             raise TraceError(f"{source}: missing column(s) {', '.join(missing)}")
         if self.vocab_size < 2:
             raise TraceError(f"{source}: vocab_size must be >= 2, got {self.vocab_size}")
+        tenants = self.meta.get("tenants")
+        if tenants is not None and not (
+                isinstance(tenants, dict)
+                and all(isinstance(tenants.get(k, []), list)
+                        and all(isinstance(x, str) for x in tenants.get(k, []))
+                        for k in ("groups", "contracts"))):
+            raise TraceError(f"{source}: meta field tenants must be "
+                             f'{{"groups": [names], "contracts": [names]}}, got {tenants!r}')
         if len(df) == 0:
             return self
         arr = df["arrival_s"].to_numpy(dtype=np.float64)
@@ -162,6 +172,17 @@ class Trace:
             elif not a[name].reset_index(drop=True).equals(b[name].reset_index(drop=True)):
                 return False
         return True
+
+    def group_names(self) -> list[str]:
+        """The configured groups: those declared in ``meta["tenants"]``, then any other group
+        with a request, in order of first arrival. A policy is bound to exactly these."""
+        declared = self.meta.get("tenants", {}).get("groups", [])
+        return list(dict.fromkeys([*map(str, declared), *self.requests["group"].astype(str)]))
+
+    def contract_names(self) -> list[str]:
+        """The configured contracts: declared ones (``meta["tenants"]``), then any other used."""
+        declared = self.meta.get("tenants", {}).get("contracts", [])
+        return list(dict.fromkeys([*map(str, declared), *self.requests["contract"].astype(str)]))
 
     def prompt_lengths(self) -> np.ndarray:
         """Prompt length in tokens of every request (int64)."""

@@ -18,7 +18,7 @@ from prefixshield.simulator.costmodel import load_profile
 from prefixshield.simulator.engine import Engine
 from prefixshield.simulator.kvcache import KVCacheManager
 from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
-from prefixshield.traces.generators import generate
+from prefixshield.workloads import generate
 
 A, B, C = 0, 1, 2
 FUNDED = Contract("funded", 1.0, 100.0)
@@ -355,7 +355,10 @@ def test_one_touch_engine_run_keeps_every_invariant(flags):
 
 
 def test_one_touch_attacker_bears_the_evictions_it_causes():
-    trace = generate("one_touch", duration_s=10)
+    """The reclamation mechanism in isolation: with one output token no request pins its blocks
+    past its prefill, so every allocation finds the attacker's own blocks to reclaim (with real
+    outputs, what is pinned decides how much room is left; tests/regression measures that)."""
+    trace = generate("one_touch", duration_s=10, output_tokens=(1, 1))
     cost, cfg = load_profile("l4-qwen2.5-1.5b").cost, EngineConfig()
     ps = Engine(trace, make_policy("prefixshield", 512), cost, cfg).run()
     lru = Engine(trace, make_policy("lru", 512), cost, cfg).run()

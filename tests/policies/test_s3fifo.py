@@ -231,7 +231,7 @@ def test_engine_runs_one_touch_under_s3fifo():
     from prefixshield.simulator.config import EngineConfig
     from prefixshield.simulator.costmodel import load_profile
     from prefixshield.simulator.engine import Engine
-    from prefixshield.traces.generators import generate
+    from prefixshield.workloads import generate
 
     trace = generate("one_touch", duration_s=10)
     policy = make_policy("s3fifo", 512)

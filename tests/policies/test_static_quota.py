@@ -47,7 +47,7 @@ def test_borrowing_workload_never_exceeds_the_quota():
     from prefixshield.simulator.config import EngineConfig
     from prefixshield.simulator.costmodel import load_profile
     from prefixshield.simulator.engine import Engine
-    from prefixshield.traces.generators import generate
+    from prefixshield.workloads import generate
 
     trace = generate("borrowing", duration_s=20)
     r = Engine(trace, make_policy("static_quota", 512), load_profile("l4-qwen2.5-1.5b").cost,

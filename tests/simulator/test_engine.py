@@ -136,7 +136,7 @@ def test_idle_engine_waits_for_the_next_arrival_without_spinning():
 
 def test_same_trace_and_seed_give_bit_identical_records():
     from prefixshield.simulator.costmodel import load_profile
-    from prefixshield.traces.generators import generate
+    from prefixshield.workloads import generate
 
     cost = load_profile("l4-qwen2.5-1.5b").cost
     runs = []
@@ -146,3 +146,19 @@ def test_same_trace_and_seed_give_bit_identical_records():
     assert runs[0].records.equals(runs[1].records)
     assert np.array_equal(runs[0].occupancy, runs[1].occupancy)
     assert np.array_equal(runs[0].evictions, runs[1].evictions)
+
+
+def test_observing_a_run_changes_nothing():
+    from prefixshield.simulator.costmodel import load_profile
+    from prefixshield.workloads import generate
+
+    cost = load_profile("l4-qwen2.5-1.5b").cost
+    trace = generate("one_touch", duration_s=10, seed=3)
+    plain = Engine(trace, make_policy("prefixshield", 512), cost, EngineConfig()).run()
+    seen = []
+    watched = Engine(trace, make_policy("prefixshield", 512), cost, EngineConfig()).run(
+        observe=lambda eng, t: seen.append((t, int(eng.pool.num_cached_blocks()))), every_s=0.5)
+    assert watched.records.equals(plain.records)
+    assert np.array_equal(watched.evictions, plain.evictions)
+    assert [t for t, _ in seen] == pytest.approx(0.5 * np.arange(1, len(seen) + 1))
+    assert len(seen) >= 2 * 10 and max(n for _, n in seen) > 0

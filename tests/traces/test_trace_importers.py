@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 
@@ -12,7 +13,7 @@ import pytest
 
 from _trace_helpers import FIXTURES, data_file, rows, write_text
 from prefixshield.traces import derive_sharegpt
-from prefixshield.traces.generators import sharegpt_turns
+from prefixshield.traces.conversations import sharegpt_turns
 from prefixshield.traces.importers import (
     estimate_tokens, import_azure, import_mooncake, import_sharegpt, parse_sharegpt)
 from prefixshield.traces.schema import TraceError
@@ -299,3 +300,18 @@ def test_packaged_turn_table_matches_its_derivation():
     pd.testing.assert_frame_equal(head, table.reset_index(drop=True), check_dtype=False)
     convs = sharegpt_turns()
     assert [len(u) for u, _ in convs[:n]] == table.groupby("conversation").size().tolist()
+
+
+def test_packaged_output_length_histogram_matches_its_derivation():
+    from prefixshield.traces import derive_outputs
+
+    source = data_file("azure")
+    derived = pd.read_csv(io.StringIO(derive_outputs.derive(source)))
+    packaged = pd.read_csv(derive_outputs.DEFAULT_OUT)
+    if source == derive_outputs.DEFAULT_SOURCE:  # the whole trace: byte-identical file
+        assert derive_outputs.derive(source) == derive_outputs.DEFAULT_OUT.read_text()
+        assert packaged["count"].sum() == 19366
+    # the fixture's rows are the trace's first ones: each length counted at most as often
+    merged = derived.merge(packaged, on="generated_tokens", suffixes=("_cut", "_all"))
+    assert len(merged) == len(derived)
+    assert (merged["count_cut"] <= merged["count_all"]).all()

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from prefixshield.traces.generators import WORKLOADS, generate
+from prefixshield.workloads import WORKLOADS, generate
 from prefixshield.traces.io import ARROW_SCHEMA, read_trace, write_trace
 from prefixshield.traces.schema import TRACE_COLUMNS, Trace, TraceError
 

@@ -331,7 +331,7 @@ def _sift_down(heap, size, i, P, qnxt, qlen, seq, num_blocks):
 def select(n, t, requester, out, bal, t0, rho, beta, w, eps, responsibility,
            gprev, gnxt, gmember, glen, qprev, qnxt, qmember, qlen,
            owner, contract, prefix, klass, cached, seq, hits, cls_count, evictions,
-           P, W, heap):
+           evicted_class, P, W, heap):
     """Take ``n`` free blocks into ``out`` (caller guarantees ``n`` ≤ free blocks).
 
     Truly free blocks first (work conservation); then reclamation by projected debt:
@@ -340,7 +340,8 @@ def select(n, t, requester, out, bal, t0, rho, beta, w, eps, responsibility,
     block) gives its first candidate (class order, then native order) and ``P_g -= 1 / W_g(t)``;
     otherwise the first candidate globally (class, then native order). A binary heap over the
     indebted groups makes each victim O(log G). Each reclaimed cached block is evicted: its
-    metadata is dropped and ``evictions[requester, owner]`` (column G = unknown owner) counted.
+    metadata is dropped and ``evictions[requester, owner]`` (column G = unknown owner) and
+    ``evicted_class[owner, class]`` (row G = unknown owner) counted.
     Returns the number of truly free blocks handed out (the rest were evictions)."""
     num_blocks = owner.shape[0]
     G = bal.shape[0]
@@ -395,8 +396,10 @@ def select(n, t, requester, out, bal, t0, rho, beta, w, eps, responsibility,
         if o >= 0:
             cls_count[o, klass[b]] -= 1
             evictions[requester, o] += 1
+            evicted_class[o, klass[b]] += 1
         else:
             evictions[requester, G] += 1
+            evicted_class[G, klass[b]] += 1
         _forget(b, cached, owner, contract, prefix, klass, hits)
         out[j] = b
     return k0

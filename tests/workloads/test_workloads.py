@@ -1,4 +1,5 @@
-"""Workload generators: exact block counts, determinism, controls, segment sharing."""
+"""Workload generators: exact block counts, determinism, controls, segment sharing, output
+lengths from data, the creation-pressure knob and the C_prefill probe's request shapes."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import numpy as np
 import pytest
 
 from _trace_helpers import full_blocks, rows, segment_lengths_by_id
-from prefixshield.traces import generators as gen
+from prefixshield import workloads as gen
 from prefixshield.traces.contracts import DEFAULT_CONTRACTS
-from prefixshield.traces.generators import (
-    WORKLOADS, BorrowingParams, DelayedReplayParams, LowAndSlowParams, OneTouchParams,
-    TwoPassReplayParams, generate, make_params)
+from prefixshield.traces.conversations import sharegpt_turns
 from prefixshield.traces.segments import LOCAL_BITS, NUM_KINDS, SegmentKind
+from prefixshield.workloads import (WORKLOADS, BorrowingParams, DelayedReplayParams,
+                                    LowAndSlowParams, OneTouchParams, TwoPassReplayParams,
+                                    generate, make_params)
+from prefixshield.workloads.outputs import draw_output_tokens
 
 ATTACK_WORKLOADS = ["one_touch", "low_and_slow", "two_pass_replay", "delayed_replay"]
 
@@ -83,12 +86,15 @@ def test_hot_set_scales_with_num_blocks_keeping_96_block_prefixes(num_blocks, ex
 
 
 def test_warmup_sends_each_hot_prefix_once_unmeasured_then_victim_cycles():
-    tr = generate("one_touch")
+    p = OneTouchParams()
+    tr = gen.one_touch(p)
     victim = rows(tr, "victim")
     warm = victim[~victim["measured"]]
     assert list(warm["prefix_id"]) == [0, 1, 2, 3]
-    # within the victim's entitlement: (1536 + 48 mean suffix) / 16 = 99 blocks per 40 blocks/s
-    assert list(warm["arrival_s"]) == pytest.approx([0.0, 2.475, 4.95, 7.425])
+    # within the victim's entitlement: a fresh request's blocks (prompt and decode) per 40 blocks/s
+    gap = p.expected_request_blocks() / 40.0
+    assert 2.75 < gap < 2.85
+    assert list(warm["arrival_s"]) == pytest.approx([0.0, gap, 2 * gap, 3 * gap])
     meas = victim[victim["measured"]]
     assert (meas["arrival_s"] >= tr.meta["measure_start_s"]).all()
     assert (meas["arrival_s"] < tr.meta["measure_end_s"]).all()
@@ -110,7 +116,10 @@ def test_one_touch_attacker_sends_fresh_1536_token_prefixes_at_design_rate():
     assert len(set(first)) == len(att)
     assert {int(lens[0]) for lens in att["segment_lengths"]} == {1536}
     assert set(att["contract"]) == {"best_effort"} and set(att["group"]) == {"attacker"}
-    assert (att["output_tokens"] == 1).all()  # attack studies default to one output token
+    # real outputs by default: Azure conv lengths (7..1000 tokens), never one token
+    out = tr.requests["output_tokens"]
+    assert out.min() >= 7 and out.max() <= 1000 and out.nunique() > 20
+    assert 150 < out.mean() < 280
 
 
 def test_one_touch_rate_is_capped_by_075_c_prefill_at_high_load():
@@ -208,14 +217,16 @@ def test_shared_prefix_means_shared_token_ids():
 # ---- low_and_slow, replays ------------------------------------------------------------------
 
 def test_low_and_slow_creates_125_times_refill_evenly():
-    p = LowAndSlowParams()
+    p = LowAndSlowParams(duration_s=2000.0)
     tr = gen.low_and_slow(p)
     att = rows(tr, "attacker")
-    blocks = np.mean([full_blocks(int(np.sum(l))) for l in att["segment_lengths"]])
+    # prompt and decode blocks: the last output token is never computed
+    blocks = np.mean([full_blocks(int(np.sum(l)) + int(o) - 1)
+                      for l, o in zip(att["segment_lengths"], att["output_tokens"])])
     rate = tr.meta["attacker_rate"]
     assert rate == pytest.approx(1.25 * 16 / p.expected_request_blocks())
-    assert 0.19 < rate < 0.22
-    assert rate * blocks == pytest.approx(20.0, rel=0.02)  # creation ~ 1.25 x 16 blocks/s
+    assert tr.meta["designed_pressure_ratio"] == pytest.approx(1.25)
+    assert rate * blocks == pytest.approx(20.0, rel=0.03)  # creation ~ 1.25 x 16 blocks/s
     assert np.allclose(np.diff(att["arrival_s"]), 1 / rate)
     assert att["arrival_s"].max() > tr.meta["measure_end_s"] - 1 / rate - 1e-9
     assert att["prefix_id"].is_unique
@@ -228,9 +239,10 @@ def test_low_and_slow_pressure_ratio_sets_rate():
 
 
 def test_two_pass_replay_repeats_each_round_with_identical_segments():
-    tr = gen.two_pass_replay(TwoPassReplayParams())
+    tr = gen.two_pass_replay(TwoPassReplayParams(replay_set=4, duration_s=120.0))
     att = rows(tr, "attacker")
     k = 4
+    assert len(att) >= 4 * k
     for r in range(len(att) // (2 * k)):
         first = att.iloc[2 * k * r: 2 * k * r + k]
         second = att.iloc[2 * k * r + k: 2 * k * (r + 1)]
@@ -244,7 +256,8 @@ def test_two_pass_replay_repeats_each_round_with_identical_segments():
 
 
 def test_two_pass_replay_rounds_limit():
-    tr = gen.two_pass_replay(TwoPassReplayParams(rounds=2, replay_set=3, replays=2))
+    tr = gen.two_pass_replay(TwoPassReplayParams(rounds=2, replay_set=3, replays=2,
+                                                 attacker_rate=2.0))
     att = rows(tr, "attacker")
     assert len(att) == 2 * 3 * 3
     assert list(att["prefix_id"]) == [0, 1, 2] * 3 + [3, 4, 5] * 3
@@ -258,17 +271,18 @@ def test_delayed_replay_waits_for_the_designed_clearance_time(wait_factor):
     assert list(att["prefix_id"]) == [0, 1, 0, 1]  # replay_set K = 2 by default
     admit = att.iloc[:2]
     rate = 2.3
-    # bucket of best_effort (16 blocks/s, 128 blocks), full at start, charged on arrival
+    # bucket of best_effort (16 blocks/s, 128 blocks), full at start, charged on arrival with
+    # every block the admission materializes (prompt and decode)
     c = DEFAULT_CONTRACTS["best_effort"]
     b = c.beta_blocks
-    for j, lens in enumerate(admit["segment_lengths"]):
+    for j, (lens, out) in enumerate(zip(admit["segment_lengths"], admit["output_tokens"])):
         if j:
             b = min(c.beta_blocks, b + c.rho_blocks_per_s / rate)
-        b -= full_blocks(int(np.sum(lens)))
+        b -= full_blocks(int(np.sum(lens)) + int(out) - 1)
     clearance = -b / 16.0
     assert tr.meta["designed_debt_blocks"] == pytest.approx(-b)
     assert tr.meta["clearance_s"] == pytest.approx(clearance)
-    assert 2 < clearance < 6
+    assert 2 < clearance < 40
     wait = att["arrival_s"].iloc[2] - admit["arrival_s"].iloc[-1]
     assert wait == pytest.approx(max(1 / rate, wait_factor * clearance))
     benign = rows(tr, "benign")
@@ -347,7 +361,7 @@ def test_bursty_sharegpt_concentrates_conversation_starts():
 
 
 def test_sharegpt_package_data_is_used_by_default():
-    turns = gen.sharegpt_turns()
+    turns = sharegpt_turns()
     assert len(turns) == 297
     assert sum(len(u) for u, _ in turns) == 1680
     assert generate("sharegpt").meta["turns_source"].endswith("data/sharegpt_turns.csv.gz")
@@ -364,10 +378,10 @@ def test_borrowing_active_working_set_exceeds_half_the_cache():
     ws = sum(full_blocks(n) for n in prefixes.values())
     assert ws == 384 == tr.meta["working_set_blocks"]
     assert ws > 511 / 2
-    idle = rows(tr, group="idle")
-    assert len(idle) == 1 and idle["arrival_s"][0] == 0.0 and not idle["measured"][0]
+    # the idle group is configured but sends nothing
+    assert len(rows(tr, group="idle")) == 0
+    assert tr.group_names() == ["active", "idle"]
     assert set(tr.requests["contract"]) == {"standard"}
-    assert "idle" not in set(gen.borrowing(BorrowingParams(idle_probe=False)).requests["group"])
 
 
 # ---- speed ----------------------------------------------------------------------------------
@@ -378,3 +392,97 @@ def test_default_trace_generates_well_under_a_second(name):
     t0 = time.perf_counter()
     generate(name)
     assert time.perf_counter() - t0 < 0.5
+
+
+# ---- output lengths from data -----------------------------------------------------------------
+
+def test_azure_conv_histogram_is_the_whole_trace():
+    from prefixshield.workloads.outputs import _empirical
+    values, p = _empirical("azure_conv")
+    assert values.min() == 7 and values.max() == 1000
+    assert float(values @ p) == pytest.approx(211.126, abs=1e-3)   # 19,366 requests' mean
+
+
+def test_output_lengths_follow_the_distribution_and_a_seed_fixes_them():
+    rng = lambda: np.random.default_rng(3)  # noqa: E731
+    a = draw_output_tokens(rng(), "azure_conv", None, None, 50_000)
+    assert np.array_equal(a, draw_output_tokens(rng(), "azure_conv", None, None, 50_000))
+    assert a.mean() == pytest.approx(211.1, rel=0.02)
+    assert np.median(a) == pytest.approx(129, abs=3)
+    clipped = draw_output_tokens(rng(), "azure_conv", None, 100, 1000)
+    assert clipped.max() == 100
+    share = draw_output_tokens(rng(), "sharegpt", None, None, 20_000)
+    assert share.mean() == pytest.approx(mean_output_tokens_sharegpt(), rel=0.03)
+    assert set(draw_output_tokens(rng(), "azure_conv", (2, 4), None, 100)) == {2, 3, 4}
+
+
+def mean_output_tokens_sharegpt():
+    return float(np.mean(np.concatenate([a for _, a in sharegpt_turns()])))
+
+
+def test_output_tokens_range_replaces_the_distribution_and_1_1_is_one_token():
+    tr = generate("one_touch", output_tokens=(1, 1))
+    assert (tr.requests["output_tokens"] == 1).all()
+    with pytest.raises(ValueError, match="output_dist"):
+        OneTouchParams(output_dist="zipf")
+    with pytest.raises(ValueError, match="output_tokens"):
+        OneTouchParams(output_tokens=(0, 3))
+
+
+def test_expected_request_blocks_counts_prompt_and_decode_blocks_exactly():
+    p = OneTouchParams()
+    rng = np.random.default_rng(0)
+    prompt = p.prefix_tokens + p.draw_suffixes(rng, 200_000)
+    out = p.draw_outputs(rng, 200_000)
+    assert p.expected_request_blocks() == pytest.approx(np.mean((prompt + out - 1) // 16),
+                                                        rel=0.005)
+    # a fully cached replay creates only what lies beyond vLLM's hit cap of (P-1)//B blocks
+    replay = np.mean((prompt + out - 1) // 16 - (prompt - 1) // 16)
+    assert p.expected_request_blocks(replay=True) == pytest.approx(replay, rel=0.01)
+
+
+# ---- C_prefill probe shapes, tenants, creation pressure ----------------------------------------
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_probe_requests_are_shaped_like_the_workload_and_do_not_depend_on_the_seed(name):
+    p, q = make_params(name, seed=1), make_params(name, seed=2)
+    prompt, out = p.probe_shapes(32)
+    assert np.array_equal(prompt, q.probe_shapes(32)[0])
+    assert np.array_equal(out, q.probe_shapes(32)[1])
+    if isinstance(p, gen.PrefixParams):
+        assert (prompt >= p.prefix_tokens + p.suffix_tokens[0]).all()
+        assert (prompt <= p.prefix_tokens + p.suffix_tokens[1]).all()
+        assert out.min() >= 7 and out.max() <= 1000       # Azure conv lengths
+    else:                                                 # ShareGPT turns: history + message
+        assert (prompt > p.system_prompt_tokens).all()
+        assert (prompt + out <= p.max_conversation_tokens).all()
+    assert len(set(out)) > 5
+
+
+def test_controls_keep_the_attack_traces_groups_and_contracts():
+    for name in ATTACK_WORKLOADS:
+        attack, control = generate(name), generate(name, attack=False)
+        assert control.group_names() == attack.group_names()
+        assert control.contract_names() == attack.contract_names()
+        assert "attacker" in control.group_names()
+        assert "attacker" not in set(control.requests["group"])
+
+
+def test_pressure_ratio_sets_the_attacker_rate_for_every_attack_workload():
+    for params in (OneTouchParams, LowAndSlowParams, TwoPassReplayParams):
+        p = params(pressure_ratio=2.0)
+        rate = p.attacker_request_rate()
+        assert rate * p.attacker_blocks_per_request() == pytest.approx(2.0 * 16)
+        assert p.designed_pressure_ratio(rate) == pytest.approx(2.0)
+    # attacker_rate wins over pressure_ratio; one_touch's default is the reference's formula
+    assert OneTouchParams(pressure_ratio=2.0, attacker_rate=0.5).attacker_request_rate() == 0.5
+    assert OneTouchParams().attacker_request_rate() == pytest.approx(2.3)
+
+
+def test_two_pass_replay_replays_each_prefix_right_after_its_admission_by_default():
+    p = TwoPassReplayParams()
+    att = rows(gen.two_pass_replay(p), "attacker")
+    assert p.replay_set == 1
+    assert list(att["prefix_id"][:6]) == [0, 0, 1, 1, 2, 2]
+    gap = np.diff(att["arrival_s"][:2])[0]
+    assert gap == pytest.approx(1 / p.attacker_request_rate())

@@ -1,0 +1,212 @@
+"""The victim-plus-attacker setup shared by ``one_touch``, ``low_and_slow``, ``two_pass_replay``
+and ``delayed_replay`` (DESIGN §7).
+
+Timeline::
+
+    t = 0                      measure_start_s                              measure_end_s
+    |-- warm-up (measured=False) --|------------ measured phase (duration_s) ----------|
+     each hot prefix once, within   victim: Poisson(base_rate), cycling the hot prefixes
+     the victim's entitlement       attacker: window [pressure_start_s, +pressure_duration_s)
+                                    (relative to measure_start_s; default: the whole phase)
+
+Defaults and where they come from (DESIGN §7 is "the reference setup"):
+
+* 512 blocks of 16 tokens, 1,536-token prefixes (96 blocks), alpha 0.6, victim on ``standard``,
+  attacker on ``best_effort``: the reference setup.
+* Hot set: the prefix length is fixed and the *number* of hot prefixes scales with the cache,
+  ``round(hot_fraction * usable / prefix_blocks)`` with ``hot_fraction = 0.75`` (reference: 4
+  prefixes = 384 of 511 blocks = 75.1% at 512 blocks; 8/16/32 at 1,024/2,048/4,096, the
+  capacity sweep's "hot set ≈ 76.6% of usable").
+* Suffixes of 32-64 tokens: not stated by the reference; short unique questions after a long
+  shared prefix (2-4 blocks, under 4% of a request's prompt).
+* Outputs: ``azure_conv`` (see :mod:`prefixshield.workloads.outputs`): every request decodes a
+  production chat service's output length and keeps its blocks pinned while it does.
+* Warm-up: each hot prefix once, spaced so that the victim's creation stays within its refill
+  (``PrefixParams.warmup_gap``); the reference's "warm-up phase that first populates the
+  victim's hot set is not measured".
+
+Attack intensity is the **creation-pressure ratio**: the attacker's new-block creation rate
+(prompt and decode blocks) over its contract's refill ``rho``. ``pressure_ratio`` sets it (the
+attacker's request rate is then ``pressure_ratio * rho / blocks per attacker request``);
+``attacker_rate`` sets the request rate directly and wins over both. Every trace records the
+designed ratio in ``meta["designed_pressure_ratio"]``; a run reports the *measured* one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
+from prefixshield.traces.rows import RequestRows
+from prefixshield.traces.schema import Trace
+from prefixshield.workloads.base import (STREAM_ATTACKER, STREAM_VICTIM, PrefixParams,
+                                         add_cyclic_stream, add_fresh_prefixes, check,
+                                         periodic_times, rng_for)
+from prefixshield.workloads.registry import params_to_dict
+
+# Group indices of the segment-id namespaces (fixed per role, see traces/segments.py).
+GI_VICTIM = 0
+GI_ATTACKER = 1
+GI_NEUTRAL = 2
+
+
+@dataclass(frozen=True)
+class AttackParams(PrefixParams):
+    """Victim-plus-attacker workloads (``one_touch`` and its variants).
+
+    Attributes:
+        hot_fraction: victim hot set as a fraction of usable blocks (sets the number of hot
+            prefixes when ``num_hot_prefixes`` is None); reference: 0.75.
+        num_hot_prefixes: explicit number of hot prefixes (None: derived, see module doc).
+        attack: False gives the no-attack control: the same trace without attacker rows, the
+            attacker still configured (``meta["tenants"]``), so quotas are sized the same.
+        pressure_ratio: attacker creation rate / its contract's refill (None: the workload's
+            own default rate).
+        attacker_rate: attacker requests/s (None: from ``pressure_ratio`` or the workload).
+        pressure_start_s: start of the attacker's pressure window, seconds after the measured
+            phase starts.
+        pressure_duration_s: length of the window in seconds (None: to the end of the run).
+        victim_group, victim_contract, attacker_group, attacker_contract: names in the trace.
+        contracts: contract table used to size attacks (None: ``DEFAULT_CONTRACTS``).
+    """
+
+    hot_fraction: float = 0.75
+    num_hot_prefixes: int | None = None
+    attack: bool = True
+    pressure_ratio: float | None = None
+    attacker_rate: float | None = None
+    pressure_start_s: float = 0.0
+    pressure_duration_s: float | None = None
+    victim_group: str = "victim"
+    victim_contract: str = "standard"
+    attacker_group: str = "attacker"
+    attacker_contract: str = "best_effort"
+    contracts: Mapping[str, Contract] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(0 < self.hot_fraction <= 1,
+              f"hot_fraction must be in (0, 1], got {self.hot_fraction}")
+        check(self.num_hot_prefixes is None or self.num_hot_prefixes >= 1,
+              f"num_hot_prefixes must be >= 1, got {self.num_hot_prefixes}")
+        check(self.pressure_ratio is None or self.pressure_ratio > 0,
+              f"pressure_ratio must be > 0, got {self.pressure_ratio}")
+        check(self.attacker_rate is None or self.attacker_rate > 0,
+              f"attacker_rate must be > 0 requests/s, got {self.attacker_rate}")
+        check(self.pressure_start_s >= 0,
+              f"pressure_start_s must be >= 0 s, got {self.pressure_start_s}")
+        check(self.pressure_duration_s is None or self.pressure_duration_s > 0,
+              f"pressure_duration_s must be > 0 s, got {self.pressure_duration_s}")
+        check(self.victim_group != self.attacker_group,
+              "victim_group and attacker_group must differ")
+        for role in ("victim", "attacker"):
+            name = getattr(self, f"{role}_contract")
+            check(name in self.contract_table, f"{role}_contract {name!r} is not in contracts "
+                                               f"({', '.join(self.contract_table)})")
+
+    @property
+    def contract_table(self) -> Mapping[str, Contract]:
+        """``contracts`` or the defaults."""
+        return DEFAULT_CONTRACTS if self.contracts is None else self.contracts
+
+    @property
+    def attacker_rho(self) -> float:
+        """Refill of the attacker's contract, blocks/s."""
+        return self.contract_table[self.attacker_contract].rho_blocks_per_s
+
+    @property
+    def hot_prefixes(self) -> int:
+        """Number of victim hot prefixes (explicit, or scaled with the cache)."""
+        if self.num_hot_prefixes is not None:
+            return self.num_hot_prefixes
+        return max(1, round(self.hot_fraction * self.usable_blocks / max(1, self.prefix_blocks)))
+
+    @property
+    def victim_warmup_gap(self) -> float:
+        """Warm-up spacing (s): within the victim contract's refill (see ``warmup_gap``)."""
+        return self.warmup_gap(self.contract_table[self.victim_contract].rho_blocks_per_s)
+
+    @property
+    def one_touch_rate(self) -> float:
+        """DESIGN §7 flood rate: ``min(0.75 C_prefill, 1.15 base_rate)`` requests/s."""
+        return min(0.75 * self.c_prefill, 1.15 * self.base_rate)
+
+    def attacker_blocks_per_request(self) -> float:
+        """Expected blocks one attacker request materializes (fresh prefix; workloads that
+        replay override this with their mix)."""
+        return self.expected_request_blocks()
+
+    def default_attacker_rate(self) -> float:
+        """The workload's attacker rate when neither ``attacker_rate`` nor ``pressure_ratio``
+        is given (requests/s): the one-touch flood rate."""
+        return self.one_touch_rate
+
+    def attacker_request_rate(self) -> float:
+        """Attacker requests/s: ``attacker_rate``, else from ``pressure_ratio``, else the
+        workload's default."""
+        if self.attacker_rate is not None:
+            return self.attacker_rate
+        if self.pressure_ratio is not None:
+            return self.pressure_ratio * self.attacker_rho / self.attacker_blocks_per_request()
+        return self.default_attacker_rate()
+
+    def designed_pressure_ratio(self, rate: float) -> float:
+        """Creation pressure of ``rate`` attacker requests/s: blocks/s over the refill."""
+        return rate * self.attacker_blocks_per_request() / self.attacker_rho
+
+
+def victim_and_window(p: AttackParams, rows: RequestRows) -> tuple[dict, float, float]:
+    """Add the victim's warm-up and measured stream; return its meta and the pressure window."""
+    victim = add_cyclic_stream(rows, p, stream=STREAM_VICTIM, group_index=GI_VICTIM,
+                               group=p.victim_group, contract=p.victim_contract, role="victim",
+                               num_prefixes=p.hot_prefixes, warmup_gap=p.victim_warmup_gap)
+    w0 = victim["measure_start_s"] + p.pressure_start_s
+    w1 = victim["measure_end_s"] if p.pressure_duration_s is None else \
+        min(victim["measure_end_s"], w0 + p.pressure_duration_s)
+    return victim, w0, w1
+
+
+def attack_meta(name: str, p: AttackParams, victim: dict[str, float], attacker_rate: float,
+                window: tuple[float, float], **extra: Any) -> dict:
+    """The ``meta`` of an attack trace: params, sizes, rates, the pressure window and ratio."""
+    meta = {
+        "workload": name,
+        "params": params_to_dict(p),
+        "c_prefill": p.c_prefill,
+        "usable_blocks": p.usable_blocks,
+        "prefix_blocks": p.prefix_blocks,
+        "num_hot_prefixes": p.hot_prefixes,
+        "hot_blocks": p.hot_prefixes * p.prefix_blocks,
+        "victim_group": p.victim_group,
+        "attacker_group": p.attacker_group,
+        "attacker_rate": attacker_rate,
+        "attacker_blocks_per_request": p.attacker_blocks_per_request(),
+        "attacker_rho_blocks_per_s": p.attacker_rho,
+        "designed_pressure_ratio": p.designed_pressure_ratio(attacker_rate),
+        "pressure_window_s": list(window),
+        **victim,
+    }
+    meta.update(extra)
+    return meta
+
+
+def drop_role(p: AttackParams) -> str | None:
+    """The role a control removes (the attacker), or None."""
+    return None if p.attack else "attacker"
+
+
+def fresh_prefix_attack(name: str, p: AttackParams) -> Trace:
+    """The victim stream plus an attacker sending a never-seen prefix (prefix_id = its ordinal)
+    and suffix every ``1 / attacker_request_rate()`` seconds through the pressure window."""
+    rows = RequestRows()
+    victim, w0, w1 = victim_and_window(p, rows)
+    rate = p.attacker_request_rate()
+    t = periodic_times(rate, w0, w1)
+    add_fresh_prefixes(rows, p, rng_for(p.seed, STREAM_ATTACKER), t, np.arange(len(t)),
+                       group_index=GI_ATTACKER, group=p.attacker_group,
+                       contract=p.attacker_contract, role="attacker")
+    meta = attack_meta(name, p, victim, rate, (w0, w1), attacker_requests=len(t))
+    return rows.finish(p.seed, p.vocab_size, meta, drop_role=drop_role(p))

@@ -1,0 +1,29 @@
+"""``one_touch``: one-touch flooding; the attacker sends never-seen prefixes (DESIGN §7)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prefixshield.traces.schema import Trace
+from prefixshield.workloads.attack import AttackParams, fresh_prefix_attack
+from prefixshield.workloads.registry import register
+
+
+@dataclass(frozen=True)
+class OneTouchParams(AttackParams):
+    """``one_touch``: every default as in :class:`~prefixshield.workloads.attack.AttackParams`;
+    the attacker rate is the reference's ``min(0.75 C_prefill, 1.15 base_rate)`` unless
+    ``pressure_ratio`` or ``attacker_rate`` is given."""
+
+
+@register("one_touch", OneTouchParams)
+def one_touch(params: OneTouchParams | None = None) -> Trace:
+    """One-touch flooding: the attacker sends never-seen prefixes during the pressure window.
+
+    Victim: warm-up (each of the ``hot_prefixes`` prefixes once, unmeasured), then Poisson
+    requests at ``base_rate`` cycling over the hot prefixes (prefix_id = hot prefix index), each
+    prefix plus a unique suffix. Attacker (``attacker_contract``, role ``attacker``): one request
+    every ``1 / rate`` seconds through the window, each with its own fresh prefix (prefix_id =
+    its ordinal) and suffix.
+    """
+    return fresh_prefix_attack("one_touch", params or OneTouchParams())

@@ -1,0 +1,57 @@
+"""The one registry of workloads: name -> generator, each with its params dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+from prefixshield.traces.contracts import Contract
+from prefixshield.traces.schema import Trace
+
+WORKLOADS: dict[str, Callable[..., Trace]] = {}
+"""Workload name -> generator ``fn(params=None) -> Trace``; ``fn.params_type`` is its params
+dataclass. The only place a workload is registered (each workload module decorates its
+generator with :func:`register`)."""
+
+
+def register(name: str, params_type: type) -> Callable[[Callable], Callable]:
+    """Decorator: add a generator to :data:`WORKLOADS` under ``name`` with ``params_type``."""
+    def deco(fn: Callable) -> Callable:
+        if name in WORKLOADS:
+            raise RuntimeError(f"workload {name!r} registered twice")
+        fn.params_type = params_type  # type: ignore[attr-defined]
+        fn.workload_name = name  # type: ignore[attr-defined]
+        WORKLOADS[name] = fn
+        return fn
+    return deco
+
+
+def make_params(name: str, **overrides: Any):
+    """Params of workload ``name`` with ``overrides``; unknown names or fields raise ValueError."""
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; known: {', '.join(sorted(WORKLOADS))}")
+    ptype = WORKLOADS[name].params_type  # type: ignore[attr-defined]
+    known = {f.name for f in dataclasses.fields(ptype)}
+    bad = sorted(set(overrides) - known)
+    if bad:
+        raise ValueError(f"workload {name!r} has no parameter(s) {', '.join(bad)}; "
+                         f"known: {', '.join(sorted(known))}")
+    return ptype(**overrides)
+
+
+def generate(name: str, **overrides: Any) -> Trace:
+    """Generate workload ``name`` with its default params updated by ``overrides``."""
+    return WORKLOADS[name](make_params(name, **overrides))
+
+
+def params_to_dict(params) -> dict[str, Any]:
+    """JSON-able dict of a params dataclass (tuples become lists, contracts dicts)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(params):
+        v = getattr(params, f.name)
+        if isinstance(v, tuple):
+            v = list(v)
+        elif isinstance(v, Mapping):
+            v = {k: dataclasses.asdict(c) if isinstance(c, Contract) else c for k, c in v.items()}
+        out[f.name] = v
+    return out
