@@ -332,8 +332,8 @@ def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, 
     from prefixshield.experiments.single import RunSpec, build_trace
     from prefixshield.simulator.config import EngineConfig
     from prefixshield.simulator.costmodel import load_profile
-    from prefixshield.workloads import WORKLOADS
     from prefixshield.traces.io import write_trace
+    from prefixshield.workloads import WORKLOADS
 
     if workload not in WORKLOADS:
         raise click.BadParameter(f"unknown workload {workload!r}; known: {_workload_names()}",

@@ -22,7 +22,7 @@ from prefixshield.policies import make_policy
 from prefixshield.simulator.capacity import C_PREFILL_REQUESTS, measure_c_prefill
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import Profile
-from prefixshield.simulator.engine import Engine, RunResult
+from prefixshield.simulator.engine import Engine, EngineError, RunResult
 from prefixshield.simulator.metrics import eviction_matrix, group_table, occupancy_frame, summarize
 from prefixshield.traces.io import read_trace, write_trace
 from prefixshield.traces.schema import Trace
@@ -89,7 +89,12 @@ def resolve_params(spec: RunSpec) -> tuple[Any, dict]:
         info["c_prefill_probe"] = "not measured: base_rate given"
     else:
         prompt, output = p.probe_shapes(C_PREFILL_REQUESTS)
-        c_prefill = measure_c_prefill(spec.profile.cost, spec.engine, prompt, output)
+        try:
+            c_prefill = measure_c_prefill(spec.profile.cost, spec.engine, prompt, output)
+        except EngineError as e:
+            raise ValueError(f"cannot measure C_prefill for {spec.workload!r} on this engine "
+                             f"({e}); give the rate with --set base_rate=R (requests/s) or "
+                             f"shorter requests") from None
         p = replace(p, base_rate=spec.alpha * c_prefill)
         info["c_prefill_req_per_s"] = c_prefill
         info["c_prefill_probe"] = (f"LRU, {C_PREFILL_REQUESTS} distinct-prefix requests at "
