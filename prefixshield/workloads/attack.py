@@ -67,7 +67,7 @@ class AttackParams(PrefixParams):
             own default rate).
         attacker_rate: attacker requests/s (None: from ``pressure_ratio`` or the workload).
         pressure_start_s: start of the attacker's pressure window, seconds after the measured
-            phase starts.
+            phase starts (0: the attack covers the whole measured phase).
         pressure_duration_s: length of the window in seconds (None: to the end of the run).
         victim_group, victim_contract, attacker_group, attacker_contract: names in the trace.
         contracts: contract table used to size attacks (None: ``DEFAULT_CONTRACTS``).

@@ -60,11 +60,16 @@ class WorkloadParams:
         seed: RNG seed of the workload and token seed of the trace (segment token ids).
         base_rate: the workload's base arrival rate in requests/s; the caller sets it to
             ``alpha * C_prefill``.
-        alpha: nominal load; ``C_prefill = base_rate / alpha`` (requests/s).
-        block_size: tokens per KV block.
-        num_blocks: configured KV blocks; usable = ``num_blocks - 1`` (block 0 is the null block).
-        duration_s: length of the measured phase in seconds.
-        vocab_size: token ids are drawn in ``[0, vocab_size)``.
+        alpha: nominal load; ``C_prefill = base_rate / alpha`` (requests/s); 0.6: the
+            reference setup.
+        block_size: tokens per KV block (16: the reference setup).
+        num_blocks: configured KV blocks; usable = ``num_blocks - 1`` (block 0 is the null block);
+            512: the reference setup.
+        duration_s: length of the measured phase in seconds. 60 s is not stated by the
+            reference; it is the project's first default, kept as it was (no duration here was
+            chosen for the result it gives).
+        vocab_size: token ids are drawn in ``[0, vocab_size)`` (1,000 fits the tiny live-mode
+            model; token values do not change any cache decision).
     """
 
     seed: int = 0
@@ -103,7 +108,8 @@ class PrefixParams(WorkloadParams):
     Attributes:
         prefix_tokens: tokens of every prefix (1,536 = 96 blocks of 16: DESIGN §7).
         suffix_tokens: (min, max) tokens of the unique suffix after each prefix, uniform
-            inclusive (32-64: short questions after a long shared prefix).
+            inclusive (32-64, not stated by the reference: short unique questions after a long
+            shared prefix, 2-4 blocks).
         warmup_gap_s: spacing of the warm-up requests in seconds (None: :meth:`warmup_gap`).
         output_dist: output-length distribution (see :mod:`prefixshield.workloads.outputs`):
             ``azure_conv`` (default: a production chat service's output lengths, mean 211

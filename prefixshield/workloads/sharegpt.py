@@ -34,18 +34,20 @@ class ShareGPTParams(WorkloadParams):
     are cut.
 
     Attributes:
-        num_groups: number of benign groups (reference: "several benign groups").
+        num_groups: number of benign groups (4; the reference says "several benign groups").
         group_names: explicit group names (None: ``tenant0 .. tenant{num_groups-1}``).
-        contract: contract of every group.
-        system_prompt_tokens: per-group shared system prompt (0: none).
+        contract: contract of every group (``standard``: the reference's benign tier).
+        system_prompt_tokens: per-group shared system prompt (0: none). 256 is not from data.
         max_conversation_tokens: cap on a conversation's total tokens (2,048: vLLM's ShareGPT
             benchmark keeps requests whose prompt plus output fit 2,048 tokens).
         max_turns: cap on turns per conversation (None: no cap).
-        think_time_s: mean of the exponential part of the gap between turns, seconds.
-        min_think_time_s: fixed part of the gap, seconds.
+        think_time_s: mean of the exponential part of the gap between turns, seconds. ShareGPT
+            has no timestamps; 10 s is not from data (docs/sharegpt_segmentation.md shows the
+            finding there does not hinge on it).
+        min_think_time_s: fixed part of the gap, seconds (1 s, not from data).
         warmup_s: unmeasured lead-in, seconds.
         cv: coefficient of variation of the conversation inter-arrival times (1: Poisson;
-            > 1: Gamma renewal process, bursts).
+            > 1: Gamma renewal process, bursts; ``bursty_sharegpt`` uses 4).
         turns_path: a turn table to use instead of the packaged one (same CSV columns).
     """
 
