@@ -48,7 +48,7 @@ def class_census(trace, spec) -> tuple[pd.DataFrame, dict]:
         if t < measure_start:
             return
         pol = engine.pool.policy
-        candidate = (pol.free_mask()) & pol.cached
+        candidate = pol.free_mask() & pol.cached
         for k, name in enumerate(CLASS_NAMES):
             mine = candidate & (pol.klass == k)
             dead = last_of[pol.prefix[mine]] < t

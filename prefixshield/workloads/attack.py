@@ -139,19 +139,14 @@ class AttackParams(PrefixParams):
         replay override this with their mix)."""
         return self.expected_request_blocks()
 
-    def default_attacker_rate(self) -> float:
-        """The workload's attacker rate when neither ``attacker_rate`` nor ``pressure_ratio``
-        is given (requests/s): the one-touch flood rate."""
-        return self.one_touch_rate
-
     def attacker_request_rate(self) -> float:
         """Attacker requests/s: ``attacker_rate``, else from ``pressure_ratio``, else the
-        workload's default."""
+        one-touch flood rate."""
         if self.attacker_rate is not None:
             return self.attacker_rate
         if self.pressure_ratio is not None:
             return self.pressure_ratio * self.attacker_rho / self.attacker_blocks_per_request()
-        return self.default_attacker_rate()
+        return self.one_touch_rate
 
     def designed_pressure_ratio(self, rate: float) -> float:
         """Creation pressure of ``rate`` attacker requests/s: blocks/s over the refill."""

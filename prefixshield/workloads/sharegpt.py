@@ -45,7 +45,7 @@ class ShareGPTParams(WorkloadParams):
             has no timestamps; 10 s is not from data (docs/sharegpt_segmentation.md shows the
             finding there does not hinge on it).
         min_think_time_s: fixed part of the gap, seconds (1 s, not from data).
-        warmup_s: unmeasured lead-in, seconds.
+        warmup_s: unmeasured lead-in, seconds (10 s, not from data).
         cv: coefficient of variation of the conversation inter-arrival times (1: Poisson;
             > 1: Gamma renewal process, bursts; ``bursty_sharegpt`` uses 4).
         turns_path: a turn table to use instead of the packaged one (same CSV columns).
