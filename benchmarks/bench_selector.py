@@ -23,34 +23,12 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from prefixshield.experiments.overhead import CONTRACTS, RequestStream
 from prefixshield.policies import make_policy
 from prefixshield.policies.reference.prefixshield import ReferencePrefixShield
-from prefixshield.traces.contracts import DEFAULT_CONTRACTS
 
-CONTRACTS = list(DEFAULT_CONTRACTS.values())
-
-
-class Workload:
-    """A deterministic request stream over ``num_groups`` groups (seeded)."""
-
-    def __init__(self, num_groups: int, seed: int = 0) -> None:
-        self.rng = np.random.default_rng(seed)
-        weights = 1.0 / np.arange(1, num_groups + 1)
-        self.p = weights / weights.sum()
-        self.contract_of = np.arange(num_groups) % len(CONTRACTS)
-        refill = sum(CONTRACTS[c].rho_blocks_per_s for c in self.contract_of)
-        self.dt = 4.5 / (2.0 * refill)    # mean 4.5 blocks per request, at 2x the refill
-        self.num_groups = num_groups
-        self.t = 0.0
-        self.prefix = 0
-
-    def next(self) -> tuple[int, int, int, int, float]:
-        """(group, contract, prefix_id, new blocks, time s) of the next request."""
-        self.t += self.dt
-        g = int(self.rng.choice(self.num_groups, p=self.p))
-        self.prefix += 1
-        pid = int(self.rng.integers(4)) if self.rng.random() < 0.5 else self.prefix
-        return g, int(self.contract_of[g]), pid, int(self.rng.integers(1, 9)), self.t
+# The same seeded request stream as the overhead table of `prefixshield reproduce`.
+Workload = RequestStream
 
 
 def request(policy, wl: Workload, timed_m: int | None = None) -> tuple[int, int]:

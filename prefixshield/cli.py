@@ -1,4 +1,5 @@
-"""Command line: ``prefixshield run | trace generate | trace inspect | profiles``.
+"""Command line: ``prefixshield run | compare | trace ... | profiles | calibrate | validate``, and
+``sweep | reproduce | report | regress`` (in :mod:`prefixshield.cli_experiments`).
 
 The CLI parses options, calls the library and prints; it holds no simulation logic. Every user
 error (unknown name, bad value, unreadable file) ends with one ``Error:`` line and exit code 1 or 2,
@@ -40,17 +41,28 @@ def _user_errors(fn):
 
 
 def _policy_names(values: tuple[str, ...]) -> tuple[str, ...]:
-    """Expand 'all' and comma-separated plain names; a spec with ':' keeps its commas."""
+    """Expand 'all' and comma-separated lists that mix plain names and specs with constructor
+    arguments: ``lru,prefixshield:segmentation=false,debt_gate=false,s3fifo`` is three policies
+    (a comma starts a new policy unless what follows is a ``key=value`` of the spec before)."""
     from prefixshield.policies import POLICIES
 
     names: list[str] = []
     for v in values:
-        parts = [v] if ":" in v else v.split(",")
-        for name in parts:
-            name = name.strip()
+        specs: list[str] = []
+        for part in v.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            head = part.partition(":")[0]
+            if specs and ":" in specs[-1] and "=" in part and ":" not in part \
+                    and head not in POLICIES:
+                specs[-1] += "," + part  # another key=value of the previous spec
+            else:
+                specs.append(part)
+        for name in specs:
             if name == "all":
                 names.extend(sorted(POLICIES))
-            elif name:
+            else:
                 names.append(name)
     return tuple(dict.fromkeys(names))
 
@@ -560,6 +572,9 @@ def profiles() -> None:
                       f"{c.d_s_per_context_token:g}")
     console.print(table)
 
+
+# sweep, reproduce, report, regress: defined beside the experiments package, registered on `main`.
+from prefixshield import cli_experiments  # noqa: E402,F401
 
 if __name__ == "__main__":
     main()

@@ -31,6 +31,9 @@ def _convert(text: str, tp: Any, key: str) -> Any:
         parts = [p for p in text.split(",") if p != ""]
         if len(args) == 2 and args[1] is Ellipsis:
             return tuple(_convert(p, args[0], key) for p in parts)
+        if len(parts) == 1 and len(args) > 1 and len(set(args)) == 1:
+            # ``output_tokens=8`` means the range (8, 8): one value for a same-typed pair
+            parts = parts * len(args)
         if len(parts) != len(args):
             raise OverrideError(f"--set {key}: expected {len(args)} comma-separated values, "
                                 f"got {text!r}")

@@ -10,7 +10,7 @@ import json
 import platform
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -24,6 +24,7 @@ from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import Profile
 from prefixshield.simulator.engine import Engine, EngineError, RunResult
 from prefixshield.simulator.metrics import eviction_matrix, group_table, occupancy_frame, summarize
+from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
 from prefixshield.traces.io import read_trace, write_trace
 from prefixshield.traces.schema import Trace
 from prefixshield.workloads import WORKLOADS, make_params, params_to_dict
@@ -42,6 +43,8 @@ class RunSpec:
         alpha: nominal load; a generated workload's base rate is ``alpha * C_prefill``.
         seed: trace seed (generated workloads).
         overrides: workload parameter overrides (typed values).
+        contracts: the contract table (name -> entitlement) for the trace's attack sizing and
+            the engine's policies; None: ``DEFAULT_CONTRACTS``.
     """
 
     workload: str
@@ -51,6 +54,7 @@ class RunSpec:
     alpha: float = 0.6
     seed: int = 0
     overrides: dict[str, Any] = field(default_factory=dict)
+    contracts: Mapping[str, Contract] | None = None
 
     def __post_init__(self) -> None:
         for spec in self.policies:
@@ -59,6 +63,11 @@ class RunSpec:
             raise ValueError("no policy given")
         if not self.alpha > 0:
             raise ValueError(f"alpha must be > 0, got {self.alpha}")
+
+    @property
+    def contract_table(self) -> Mapping[str, Contract]:
+        """``contracts``, or ``DEFAULT_CONTRACTS`` when None."""
+        return DEFAULT_CONTRACTS if self.contracts is None else self.contracts
 
 
 def is_trace_file(workload: str) -> bool:
@@ -82,6 +91,9 @@ def resolve_params(spec: RunSpec) -> tuple[Any, dict]:
     params = dict(seed=spec.seed, alpha=spec.alpha, block_size=spec.engine.block_size,
                   num_blocks=spec.engine.num_blocks)
     params.update(spec.overrides)
+    if spec.contracts is not None and "contracts" in {
+            f.name for f in dataclasses.fields(WORKLOADS[spec.workload].params_type)}:
+        params["contracts"] = spec.contracts
     p = make_params(spec.workload, **params)
     info: dict[str, Any] = {"workload": spec.workload}
     if "base_rate" in spec.overrides:
@@ -122,7 +134,8 @@ def run_policies(trace: Trace, spec: RunSpec,
         name, kwargs = parse_policy_spec(label)
         policy = make_policy(name, spec.engine.num_blocks, vllm_compat=spec.engine.vllm_compat,
                              **kwargs)
-        results[label] = Engine(trace, policy, spec.profile.cost, spec.engine).run()
+        results[label] = Engine(trace, policy, spec.profile.cost, spec.engine,
+                                contracts=spec.contract_table).run()
         if on_done is not None:
             on_done(label, results[label])
     return results
@@ -152,6 +165,7 @@ def config_record(spec: RunSpec, trace_info: dict) -> dict:
         "profile": {"name": spec.profile.name, "source": spec.profile.source,
                     "cost": dataclasses.asdict(spec.profile.cost),
                     "provenance": spec.profile.provenance},
+        "contracts": {k: dataclasses.asdict(c) for k, c in spec.contract_table.items()},
         "trace": trace_info,
     }
 

@@ -54,6 +54,7 @@ Interpretations of the spec, stated once here:
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -153,6 +154,9 @@ class PrefixShieldPolicy(Policy):
         history_factor: admission-history capacity in entries per configured block: the LRU set
             holds ``max(1, int(history_factor * num_blocks))`` ``(group, prefix_id)`` pairs.
         max_debt_samples: bound of the debt-over-time series (see :class:`DebtLog`).
+        rho_scale: multiplies every bound contract's refill rate ``rho`` (the policy's view of
+            the entitlement; bursts, the trace and the engine's creation meter are unchanged).
+            1.0: the contracts as stated. For sweeps of "how generous is the refill".
     """
 
     name = "prefixshield"
@@ -160,8 +164,10 @@ class PrefixShieldPolicy(Policy):
     def __init__(self, num_blocks: int, vllm_compat: str = "current", *,
                  segmentation: bool = True, debt_gate: bool = True, responsibility: bool = True,
                  epsilon: float = 1e-9, history_factor: float = 4.0,
-                 max_debt_samples: int = 16384) -> None:
+                 max_debt_samples: int = 16384, rho_scale: float = 1.0) -> None:
         super().__init__(num_blocks, vllm_compat)
+        if not (math.isfinite(rho_scale) and rho_scale > 0):
+            raise ValueError(f"rho_scale must be a finite number > 0, got {rho_scale}")
         if not epsilon >= 0:
             raise ValueError(f"epsilon must be >= 0 blocks, got {epsilon}")
         if not history_factor > 0:
@@ -170,6 +176,7 @@ class PrefixShieldPolicy(Policy):
         self.debt_gate = bool(debt_gate)
         self.responsibility = bool(responsibility)
         self.epsilon = float(epsilon)
+        self.rho_scale = float(rho_scale)
         self.history_factor = float(history_factor)
         self.history_capacity = max(1, int(history_factor * self.num_blocks))
         self.max_debt_samples = int(max_debt_samples)
@@ -207,7 +214,8 @@ class PrefixShieldPolicy(Policy):
         self.debt_log = DebtLog(self.max_debt_samples, G * K.NUM_CLASSES)
         C = len(contracts)
         self._queues = LinkedLists(self.num_blocks, K.NUM_CLASSES * G)
-        self.rho = np.array([c.rho_blocks_per_s for c in contracts], dtype=np.float64)
+        self.rho = np.array([c.rho_blocks_per_s * self.rho_scale for c in contracts],
+                            dtype=np.float64)
         self.beta = np.array([c.beta_blocks for c in contracts], dtype=np.float64)
         self.weight = self.rho / self.rho.min() if C else np.zeros(0)
         self.balance = np.broadcast_to(self.beta, (G, C)).copy()
@@ -420,7 +428,7 @@ class PrefixShieldPolicy(Policy):
             "policy": self.name,
             "flags": {"segmentation": self.segmentation, "debt_gate": self.debt_gate,
                       "responsibility": self.responsibility, "epsilon": self.epsilon,
-                      "history_factor": self.history_factor,
+                      "history_factor": self.history_factor, "rho_scale": self.rho_scale,
                       "history_capacity": self.history_capacity},
             "groups": names,
             "clock_s": self._now,

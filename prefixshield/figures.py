@@ -1,0 +1,158 @@
+"""Figures from stored cells (matplotlib, Agg; PNG written atomically).
+
+Each function takes plain data (means and CIs, sampled series, matrices), draws one figure meant
+to be read without the text around it (title, axis labels with units, legend), and writes it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from prefixshield.atomic import atomic_path
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: str | os.PathLike) -> None:
+    plt = _plt()
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+
+
+def bars_with_ci(path, title: str, categories: Sequence[str],
+                 values: Mapping[str, Sequence[tuple[float, float, float]]], ylabel: str,
+                 scale: float = 100.0, note: str = "") -> None:
+    """Grouped bars: one group per category, one bar per series (policy), height = mean and
+    whiskers = 95% CI (``(mean, low, high)`` per category)."""
+    plt = _plt()
+    names = list(values)
+    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(categories) + 2), 4.4))
+    width = 0.8 / max(1, len(names))
+    x = np.arange(len(categories))
+    for i, name in enumerate(names):
+        m = np.array([v[0] for v in values[name]], dtype=float) * scale
+        lo = np.array([v[1] for v in values[name]], dtype=float) * scale
+        hi = np.array([v[2] for v in values[name]], dtype=float) * scale
+        err = np.vstack([np.nan_to_num(m - lo), np.nan_to_num(hi - m)])
+        ax.bar(x + (i - (len(names) - 1) / 2) * width, np.nan_to_num(m), width, yerr=err,
+               capsize=3, label=name)
+    ax.set_xticks(x, categories)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(title="policy", fontsize=8)
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=7, color="0.35")
+    _save(fig, path)
+
+
+def sweep_curves(path, title: str, x_label: str, x_values: Sequence[str],
+                 series: Mapping[str, Sequence[tuple[float, float, float]]], ylabel: str,
+                 scale: float = 100.0, note: str = "") -> None:
+    """Paired gain against a swept field: one line per series, CI whiskers at each point; a
+    dashed zero line (no difference from the baseline)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.4))
+    x = np.arange(len(x_values))
+    offsets = (np.arange(len(series)) - (len(series) - 1) / 2) * min(0.08, 0.3 / max(1, len(series)))
+    for off, (name, pts) in zip(offsets, series.items()):
+        m = np.array([p[0] for p in pts], dtype=float) * scale
+        lo = np.array([p[1] for p in pts], dtype=float) * scale
+        hi = np.array([p[2] for p in pts], dtype=float) * scale
+        ax.errorbar(x + off, m, yerr=np.vstack([np.nan_to_num(m - lo), np.nan_to_num(hi - m)]),
+                    marker="o", capsize=4, label=name)
+    ax.axhline(0, color="0.5", lw=1, ls="--")
+    ax.set_xticks(x, x_values)
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    if note:
+        fig.text(0.01, 0.01, note, fontsize=7, color="0.35")
+    _save(fig, path)
+
+
+def stacked_occupancy(path, title: str, panels: Mapping[str, dict], capacity: int | None = None
+                      ) -> None:
+    """Per policy, the blocks each group holds over time, stacked (``panels[policy]`` is a
+    stored occupancy sample: ``t_s``, ``groups``, ``blocks``)."""
+    plt = _plt()
+    names = list(panels)
+    cols = min(2, len(names)) or 1
+    rows = (len(names) + cols - 1) // cols or 1
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 3.4 * rows), squeeze=False,
+                             sharey=True)
+    for ax, name in zip(axes.flat, names):
+        occ = panels[name]
+        ys = [occ["blocks"][g] for g in occ["groups"]]
+        ax.stackplot(occ["t_s"], *ys, labels=occ["groups"], step="post")
+        if capacity:
+            ax.axhline(capacity, color="k", lw=0.8, ls=":")
+        ax.set_title(name)
+        ax.set_xlabel("simulated time (s)")
+        ax.set_ylabel("blocks held")
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    axes.flat[0].legend(title="group", fontsize=8, loc="upper left")
+    fig.suptitle(title)
+    _save(fig, path)
+
+
+def eviction_heatmaps(path, title: str, matrices: Mapping[str, "object"]) -> None:
+    """Per policy, the eviction matrix (rows: requesting group, columns: owner of the evicted
+    block), cells annotated with counts; ``matrices[policy]`` is a DataFrame."""
+    plt = _plt()
+    names = list(matrices)
+    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names) + 1, 3.8), squeeze=False)
+    vmax = max((float(np.asarray(m).max()) for m in matrices.values()), default=1.0) or 1.0
+    im = None
+    for ax, name in zip(axes.flat, names):
+        m = matrices[name]
+        arr = np.asarray(m, dtype=float)
+        im = ax.imshow(arr, cmap="Reds", vmin=0, vmax=vmax)
+        ax.set_xticks(range(arr.shape[1]), list(m.columns), rotation=45, ha="right")
+        ax.set_yticks(range(arr.shape[0]), list(m.index))
+        for i in range(arr.shape[0]):
+            for j in range(arr.shape[1]):
+                ax.text(j, i, f"{int(arr[i, j])}", ha="center", va="center", fontsize=7,
+                        color="white" if arr[i, j] > 0.6 * vmax else "black")
+        ax.set_title(name)
+        ax.set_xlabel("owner of evicted block")
+        ax.set_ylabel("requesting group")
+    if im is not None:
+        fig.colorbar(im, ax=list(axes.flat), shrink=0.8, label="evicted blocks")
+    fig.suptitle(title)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110, format="png", bbox_inches="tight")
+    plt.close(fig)
+
+
+def ttft_cdfs(path, title: str, quantiles: Mapping[str, Sequence[float]],
+              percentiles: Sequence[float], xlabel: str = "TTFT (s)") -> None:
+    """TTFT CDFs, one line per policy, from stored quantiles (``quantiles[policy][i]`` is the
+    ``percentiles[i]``-th percentile), log time axis."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.4))
+    for name, q in quantiles.items():
+        q = np.asarray(q, dtype=float)
+        if q.size:
+            ax.plot(q, np.asarray(percentiles) / 100.0, label=name)
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("fraction of requests")
+    ax.set_ylim(0, 1)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.set_title(title)
+    ax.legend(title="policy", fontsize=8)
+    _save(fig, path)
