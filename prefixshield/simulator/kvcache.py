@@ -118,10 +118,16 @@ class KVCacheManager:
         num_computed = seq.num_computed_tokens + num_hit * self.block_size
         num_tokens_need_slot = num_computed + num_new_tokens
         check_tokens = max(num_tokens_need_slot, num_tokens_to_reserve)
-        need = self.num_blocks_to_allocate(seq, check_tokens, new_computed_blocks)
-        if need > self.pool.num_free_blocks(seq.group):
-            return False
         pool = self.pool
+        if num_hit:
+            need = self.num_blocks_to_allocate(seq, check_tokens, new_computed_blocks)
+        else:
+            # num_blocks_to_allocate without hits, inline: this is the call of every decode step
+            # that opens or fills a block.
+            need = max(-(-check_tokens // self.block_size) - seq.num_blocks, 0)
+        # A free-block count is never negative, so asking for none always fits: skip the count.
+        if need and need > pool.num_free_blocks(seq.group):
+            return False
         if num_hit:
             pool.touch(new_computed_blocks, seq.group, seq.contract, seq.prefix_id, now)
             seq.blocks[seq.num_blocks:seq.num_blocks + num_hit] = new_computed_blocks
@@ -132,7 +138,11 @@ class KVCacheManager:
         required = -(-num_tokens_need_slot // self.block_size)
         num_new_blocks = required - seq.num_blocks
         if num_new_blocks > 0:
-            new = pool.get_new_blocks(num_new_blocks, seq.group, now)
+            if num_hit:
+                new = pool.get_new_blocks(num_new_blocks, seq.group, now)
+            else:
+                # Nothing touched the pool since the check above: it is this take's check.
+                new = pool.take_new_blocks(num_new_blocks, seq.group, now)
             seq.blocks[seq.num_blocks:seq.num_blocks + num_new_blocks] = new
             seq.num_blocks += num_new_blocks
         num_full = min(num_computed + num_new_tokens, seq.num_tokens) // self.block_size

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from prefixshield.simulator.creation import group_creation
 from prefixshield.simulator.engine import RunResult
@@ -152,6 +151,10 @@ def paired_difference(a: np.ndarray, b: np.ndarray, n_resamples: int = 10_000,
 
     ``a[i]`` and ``b[i]`` come from the same trace (seed i). Fixed bootstrap seed: deterministic.
     """
+    # scipy costs ~0.5 s to import; only this function needs it, so a run that never compares
+    # policies (or a CLI start-up) does not pay for it.
+    from scipy import stats
+
     d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
     if d.size < 2 or np.all(d == d[0]):
         return {"mean_diff": float(d.mean()) if d.size else float("nan"),

@@ -172,3 +172,55 @@ def test_current_mode_admits_only_if_the_whole_prompt_fits(compat, admitted):
     reserve = req.num_tokens if EngineConfig(vllm_compat=compat).reserves_full_prompt else 0
     assert m.allocate_slots(req, 32, 0.0, num_tokens_to_reserve=reserve) is admitted
     assert req.num_blocks == (2 if admitted else 0)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_hash_map_with_colliding_slots_matches_a_dict_model(seed):
+    # The pool's open-addressing hash map (linear probing, backward-shift deletion) against a
+    # dict of hash -> blocks in insertion order. The 24-block pool's table has 64 slots; the
+    # hashes' low bits put them at home slot 60, 62 or 1, so they form one long probe run
+    # that wraps past the table's end, with entries of three homes interleaved: inserts, lookups
+    # and deletions in the middle of it are what get exercised. Blocks are cached with
+    # duplicate hashes too.
+    import random
+
+    from prefixshield.policies import make_policy
+    from prefixshield.simulator.blockpool import BlockPool
+
+    rng = random.Random(seed)
+    num_blocks = 24
+    pool = BlockPool(num_blocks, make_policy("lru", num_blocks), 1)
+    assert pool._map_keys.shape[0] == 64
+    universe = [np.uint64((k << 16) | (0x3C, 0x3E, 0x01)[k % 3]) for k in range(1, 16)]
+    model: dict[int, list[int]] = {}
+    in_use: list[int] = []
+    unhashed_in_use: list[int] = []
+    for step in range(400):
+        op = rng.random()
+        now = float(step)
+        if op < 0.35 and pool.num_free_blocks(0):
+            victims = pool.get_new_blocks(rng.randint(1, min(3, pool.num_free_blocks(0))), 0, now)
+            for b in victims.tolist():
+                for h, blocks in list(model.items()):
+                    if b in blocks:
+                        blocks.remove(b)
+                        if not blocks:
+                            del model[h]
+                in_use.append(b)
+                unhashed_in_use.append(b)
+        elif op < 0.7 and unhashed_in_use:
+            b = unhashed_in_use.pop(rng.randrange(len(unhashed_in_use)))
+            h = rng.choice(universe)
+            pool.cache_full_blocks(np.array([b], np.int32), np.array([h], np.uint64), 0, 0, 0,
+                                   now)
+            model.setdefault(int(h), []).append(b)
+        elif in_use:
+            b = in_use.pop(rng.randrange(len(in_use)))
+            if b in unhashed_in_use:
+                unhashed_in_use.remove(b)
+            pool.free_blocks(np.array([b], np.int32), now)
+        for h in universe:
+            found = pool.find_cached_prefix(np.array([h], np.uint64), 1).tolist()
+            assert found == model.get(int(h), [])[:1], (step, hex(int(h)))
+        assert pool.num_hashes() == len(model)
+        pool.check_invariants()
