@@ -117,19 +117,20 @@ def eviction_heatmaps(path, title: str, matrices: Mapping[str, "object"]) -> Non
     fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names) + 1, 3.8), squeeze=False)
     vmax = max((float(np.asarray(m).max()) for m in matrices.values()), default=1.0) or 1.0
     im = None
-    for ax, name in zip(axes.flat, names):
+    for k, (ax, name) in enumerate(zip(axes.flat, names)):
         m = matrices[name]
         arr = np.asarray(m, dtype=float)
         im = ax.imshow(arr, cmap="Reds", vmin=0, vmax=vmax)
         ax.set_xticks(range(arr.shape[1]), list(m.columns), rotation=45, ha="right")
-        ax.set_yticks(range(arr.shape[0]), list(m.index))
+        ax.set_yticks(range(arr.shape[0]), list(m.index) if k == 0 else [])
         for i in range(arr.shape[0]):
             for j in range(arr.shape[1]):
                 ax.text(j, i, f"{int(arr[i, j])}", ha="center", va="center", fontsize=7,
                         color="white" if arr[i, j] > 0.6 * vmax else "black")
         ax.set_title(name)
         ax.set_xlabel("owner of evicted block")
-        ax.set_ylabel("requesting group")
+        if k == 0:
+            ax.set_ylabel("requesting group")
     if im is not None:
         fig.colorbar(im, ax=list(axes.flat), shrink=0.8, label="evicted blocks")
     fig.suptitle(title)

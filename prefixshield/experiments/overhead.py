@@ -105,7 +105,7 @@ def state_bytes(obj, seen: set | None = None) -> tuple[int, int]:
 
 def measure_overhead(policy_spec: str, num_blocks: int, num_groups: int,
                      rounds: int = TIMED_ROUNDS) -> dict:
-    """Latency of ``select_victims(1)`` (mean and P95, microseconds) and state bytes per block
+    """Latency of ``select_victims(1)`` (mean, median, P95; microseconds) and state bytes per block
     of ``policy_spec`` on a full pool of ``num_blocks`` blocks shared by ``num_groups`` groups."""
     from prefixshield.experiments.overrides import parse_policy_spec
     from prefixshield.policies import make_policy
@@ -135,6 +135,7 @@ def measure_overhead(policy_spec: str, num_blocks: int, num_groups: int,
     obs_bytes, _ = state_bytes(observability)
     nbytes, entries = state_bytes(policy, {id(o) for o in observability})
     return {"select_mean_us": float(samples.mean()),
+            "select_median_us": float(np.median(samples)),
             "select_p95_us": float(np.percentile(samples, 95)),
             "state_bytes_per_block": nbytes / num_blocks, "hash_entries": int(entries),
             "observability_bytes": int(obs_bytes), "blocks": num_blocks, "groups": num_groups}

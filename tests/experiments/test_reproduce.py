@@ -1,0 +1,161 @@
+"""``prefixshield reproduce --quick``: every output present, every number finite, and the
+reference's claims that the behaviour tests assert checked in its tables.
+
+The quick mode runs every experiment and point of the full evaluation with 3 seeds and a 20 s
+measured phase (DESIGN §9 sized for CI). A claim that does not hold at that size is still stated
+here, ``xfail(strict=True)`` with the quick run's numbers: the full-size evaluation (and
+``tests/regression/test_behaviour.py``, 10 seeds at the workloads' own durations) is where it is
+judged.
+"""
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from prefixshield.cli import main
+from prefixshield.experiments.reproduce import REPRODUCE_SECTIONS, reproduce_experiments
+from prefixshield.experiments.store import ResultsStore
+
+TABLES = ("attack", "benign", "borrowing", "sweep-capacity", "sweep-pressure", "sweep-load",
+          "sweep-profile", "ablation-segmentation", "ablation-delayed-replay", "overhead")
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reproduce") / "quick"
+    r = CliRunner().invoke(main, ["reproduce", "--quick", "--out", str(out)],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def table(quick, name) -> pd.DataFrame:
+    return pd.read_csv(quick / "tables" / f"{name}.csv")
+
+
+def test_every_cell_table_figure_and_the_index_exist(quick):
+    store = ResultsStore.open(quick)
+    assert len(store.done()) == store.num_cells()
+    cells = store.load()
+    assert set(cells["status"]) <= {"ok", "failed"}
+    assert store.meta["kind"] == "reproduce" and store.meta["quick"] is True
+    assert {e.name for e in store.experiments} == {
+        n for names in REPRODUCE_SECTIONS.values() for n in names}
+    index = (quick / "index.md").read_text()
+    for name in TABLES:
+        assert (quick / "tables" / f"{name}.md").exists()
+        assert f"tables/{name}.csv" in index
+    figures = sorted((quick / "figures").glob("*.png"))
+    assert len(figures) >= 10
+    for f in figures:
+        assert f.read_bytes()[:4] == b"\x89PNG" and f"figures/{f.name}" in index
+
+
+def test_the_default_setup_mirrors_the_reference():
+    exps = {e.name: e for e in reproduce_experiments()}
+    one = exps["attack-one_touch"]
+    assert one.seeds == tuple(range(10))
+    assert one.base == {"compat": "0.10", "profile": "l4-qwen2.5-1.5b"}
+    assert dict(exps["sweep-capacity"].grid) == {"blocks": (512, 1024, 2048, 4096)}
+    assert dict(exps["sweep-load"].grid) == {"alpha": (0.4, 0.6, 0.8)}
+    assert dict(exps["ablation-delayed-replay"].grid) == {"wait_factor": (0.0, 0.5, 1.0)}
+
+
+def test_numbers_are_finite(quick):
+    cells = ResultsStore.open(quick).load()
+    ok = cells[(cells["status"] == "ok") & (cells["experiment"] != "overhead")]
+    for col in ("hit_ratio", "token_hit_ratio", "p50_ttft_s", "p95_ttft_s", "mean_e2e_s"):
+        assert np.isfinite(ok[col].astype(float)).all(), col
+        assert (ok[col] >= 0).all(), col
+    assert ok["hit_ratio"].between(0, 1).all()
+    for name in ("attack", "benign", "borrowing", "sweep-capacity", "sweep-load"):
+        t = table(quick, name)
+        means = t[[c for c in t.columns if c.endswith("hit_ratio_mean")]]
+        assert np.isfinite(means.to_numpy(float)).all(), name
+    over = table(quick, "overhead")
+    assert (over["select_mean_us"] > 0).all() and (over["state_bytes_per_block"] > 0).all()
+    assert set(zip(over["blocks"], over["groups"])) >= {(512, 8), (4096, 32)}
+
+
+# ------------------------------------------------------------------------------ the claims
+def attack_row(quick, workload, policy):
+    t = table(quick, "attack")
+    return t[(t["workload"] == workload) & (t["attack.policy"] == policy)].iloc[0]
+
+
+def sweep_row(quick, name, key, value, policy):
+    t = table(quick, name)
+    return t[(t[f"grid.{key}"] == value) & (t["policy"] == policy)].iloc[0]
+
+
+def test_one_touch_prefixshield_protects_the_victim(quick):
+    """G1: PrefixShield > S3-FIFO and PrefixShield > LRU > StaticQuota (means), and the paired
+    PrefixShield-LRU CI lies above zero."""
+    mean = {p: attack_row(quick, "one_touch", p)["attack.hit_ratio_mean"]
+            for p in ("lru", "s3fifo", "static_quota", "prefixshield")}
+    assert mean["prefixshield"] > mean["s3fifo"], mean
+    assert mean["prefixshield"] > mean["lru"] > mean["static_quota"], mean
+    assert attack_row(quick, "one_touch", "prefixshield")["attack.hit_ratio_ci_low"] > 0
+
+
+def test_protection_grows_from_512_to_4096_blocks(quick):
+    small = sweep_row(quick, "sweep-capacity", "blocks", 512, "prefixshield")["hit_ratio_diff"]
+    large = sweep_row(quick, "sweep-capacity", "blocks", 4096, "prefixshield")["hit_ratio_diff"]
+    assert large > small > 0
+
+
+@pytest.mark.parametrize("alpha", [0.4, 0.6, 0.8])
+def test_protection_is_positive_at_loads_40_60_80_percent(quick, alpha):
+    assert sweep_row(quick, "sweep-load", "alpha", alpha, "prefixshield")["hit_ratio_ci_low"] > 0
+
+
+@pytest.mark.parametrize("workload", ["one_touch", "low_and_slow", "two_pass_replay"])
+def test_no_attack_control_prefixshield_matches_lru(quick, workload):
+    row = attack_row(quick, workload, "prefixshield")
+    assert abs(row["control.hit_ratio_diff"]) <= 0.005
+    assert row["control.attacker_pressure_ratio_mean"] == 0
+
+
+def test_borrowing_quota_caps_the_active_group_and_work_conserving_policies_lend(quick):
+    t = table(quick, "borrowing").set_index("policy")
+    assert t.loc["static_quota", "active_peak_blocks"] <= 511 // 2
+    assert t.loc["s3fifo", "active_peak_blocks"] >= 500
+    assert t.loc["prefixshield", "active_peak_blocks"] >= 500
+    assert abs(t.loc["prefixshield", "hit_ratio_diff"]) <= 0.005
+
+
+def _replay(quick, wait):
+    t = table(quick, "ablation-delayed-replay")
+    return t[t["wait_factor"] == wait].iloc[0]
+
+
+@pytest.mark.parametrize("wait", [
+    0.0,
+    pytest.param(0.5, marks=pytest.mark.xfail(strict=True, reason=(
+        "quick size (3 seeds, 20 s): victim gap on - off +3.35 pp with a 95% CI of "
+        "[+0.00, +6.93], not above zero; at 10 seeds the behaviour test holds"))),
+])
+def test_replay_while_in_debt_is_gated_and_the_victim_gains(quick, wait):
+    row = _replay(quick, wait)
+    assert row["gate on promoted"] == 0 and row["gate on gated"] > 0
+    assert row["gate off gated"] == 0 and row["gate off promoted"] > 0
+    assert row["victim gap ci_low"] > 0
+
+
+def test_after_the_clearance_time_gate_and_no_gate_converge(quick):
+    row = _replay(quick, 1.0)
+    assert row["victim gap ci_low"] <= 0 <= row["victim gap ci_high"]
+    assert row["gate on promoted"] > 0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "quick size (20 s): at designed pressure 0.5 the measured ratio is 0.68 (a short window "
+    "holds few attacker requests); within 10% at 1, 2 and 4 and at the full duration"))
+def test_measured_pressure_matches_the_designed_ratio(quick):
+    t = table(quick, "sweep-pressure")
+    for ratio in (0.5, 1.0, 2.0, 4.0):
+        measured = t[(t["grid.pressure_ratio"] == ratio)]["attacker_pressure_ratio_mean"]
+        assert np.allclose(measured, ratio, rtol=0.10), (ratio, list(measured))
