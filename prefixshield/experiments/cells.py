@@ -25,7 +25,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from prefixshield.experiments.spec import ENGINE_KEYS, Experiment, Point, jsonable, value_text
+from prefixshield.experiments.spec import (ENGINE_KEYS, Experiment, Point, jsonable,
+                                           resolve_contracts, value_text)
 
 OCCUPANCY_SAMPLES = 200
 """Occupancy is stored per cell at this many evenly spaced times (a step function sampled)."""
@@ -98,32 +99,6 @@ def resolve_policy(label: str, settings: Mapping[str, Any]) -> str:
     if not kwargs:
         return name
     return name + ":" + ",".join(f"{k}={value_text(kwargs[k])}" for k in sorted(kwargs))
-
-
-def resolve_contracts(settings: Mapping[str, Any]):
-    """The contract table of the point: the defaults with ``contract.NAME.rho|beta`` applied
-    (None when the point sets none). A new contract NAME needs both rho and beta."""
-    from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
-
-    fields = {k: v for k, v in settings.items() if k.startswith("contract.")}
-    if not fields:
-        return None
-    table = dict(DEFAULT_CONTRACTS)
-    for key, v in sorted(fields.items()):
-        _, name, what = key.split(".")
-        old = table.get(name)
-        if old is None:
-            rho = fields.get(f"contract.{name}.rho")
-            beta = fields.get(f"contract.{name}.beta")
-            if rho is None or beta is None:
-                raise ValueError(f"contract {name!r} is not a default contract: give both "
-                                 f"contract.{name}.rho and contract.{name}.beta")
-            table[name] = Contract(name, float(rho), float(beta))
-        elif what == "rho":
-            table[name] = dataclasses.replace(old, rho_blocks_per_s=float(v))
-        else:
-            table[name] = dataclasses.replace(old, beta_blocks=float(v))
-    return table
 
 
 def run_spec(workload: str, settings: Mapping[str, Any], seed: int, policy_specs: tuple[str, ...]):

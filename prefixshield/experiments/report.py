@@ -201,6 +201,8 @@ def experiment_section(root: Path, cells: pd.DataFrame, exp: Experiment) -> Sect
                         for _, r in rows.iterrows()]
             from prefixshield.experiments.spec import value_text
 
+            if not series:
+                continue  # only the baseline: no difference to draw
             rel = f"figures/{exp.name}-gain-vs-{key}.png"
             sweep_curves(root / rel, f"{_title(exp)}: hit-ratio gain vs {base}",
                          key, [value_text(v) for v in values], series,

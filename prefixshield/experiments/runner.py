@@ -26,14 +26,18 @@ class RunStats:
 
 
 def run_store(store: ResultsStore, executor,
-              on_progress: Callable[[int, int], None] | None = None) -> RunStats:
+              on_progress: Callable[[int, int], None] | None = None,
+              experiments: list | None = None) -> RunStats:
     """Compute every cell of ``store`` not yet written, with ``executor``.
 
-    ``on_progress(done, total)`` is called with task counts as tasks finish (and once before)."""
-    done = store.done()
-    tasks, dest = plan_tasks(store.experiments, done)
+    ``on_progress(done, total)`` is called with task counts as tasks finish (and once before).
+    ``experiments`` (some of the store's) limits the run to their cells (a search runs the
+    batch it just added)."""
+    exps = store.experiments if experiments is None else list(experiments)
+    done = store.done(exps)
+    tasks, dest = plan_tasks(exps, done)
     stats = RunStats(tasks=len(tasks), cells_skipped=len(done))
-    points = {(e.name, p.id): p for e in store.experiments for p in e.points()}
+    points = {(e.name, p.id): p for e in exps for p in e.points()}
     if on_progress:
         on_progress(0, len(tasks))
     for n, (task, outcomes) in enumerate(executor.map(run_task, tasks), start=1):

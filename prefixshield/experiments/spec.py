@@ -139,6 +139,17 @@ class Experiment:
                 raise SpecError(f"experiment {self.name}: grid field {k!r} has no value")
             if k in self.base:
                 raise SpecError(f"experiment {self.name}: {k!r} is both fixed and swept")
+        if self.kind == "simulate":
+            for p in self.policies:
+                try:
+                    parse_policy_spec(p)
+                except OverrideError as e:
+                    raise SpecError(f"experiment {self.name}: {e}") from None
+            for point in self.points():
+                try:
+                    resolve_contracts(point.settings)
+                except SpecError as e:
+                    raise SpecError(f"experiment {self.name}: {e}") from None
 
     @property
     def baseline_policy(self) -> str:
@@ -181,6 +192,32 @@ class Point:
     def label(self) -> str:
         """``blocks=1024, alpha=0.6`` (or ``-`` for the single point of a grid-less spec)."""
         return ", ".join(f"{k}={value_text(v)}" for k, v in self.values.items()) or "-"
+
+
+def resolve_contracts(settings: Mapping[str, Any]):
+    """The contract table of the point: the defaults with ``contract.NAME.rho|beta`` applied
+    (None when the point sets none). A new contract NAME needs both rho and beta."""
+    from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
+
+    fields = {k: v for k, v in settings.items() if k.startswith("contract.")}
+    if not fields:
+        return None
+    table = dict(DEFAULT_CONTRACTS)
+    for key, v in sorted(fields.items()):
+        _, name, what = key.split(".")
+        old = table.get(name)
+        if old is None:
+            rho = fields.get(f"contract.{name}.rho")
+            beta = fields.get(f"contract.{name}.beta")
+            if rho is None or beta is None:
+                raise SpecError(f"contract {name!r} is not a default contract: give both "
+                                f"contract.{name}.rho and contract.{name}.beta")
+            table[name] = Contract(name, float(rho), float(beta))
+        elif what == "rho":
+            table[name] = dataclasses.replace(old, rho_blocks_per_s=float(v))
+        else:
+            table[name] = dataclasses.replace(old, beta_blocks=float(v))
+    return table
 
 
 # ------------------------------------------------------------------------------ field typing

@@ -30,6 +30,12 @@ from prefixshield.experiments.spec import Experiment, SpecError, experiment_from
 STORE_FILE = "store.json"
 CELLS = "cells"
 FORMAT = 1
+ADAPTIVE_KINDS = ("attack-search",)
+"""Store kinds whose spec grows while they run (a search chooses its next points from the
+results so far): :meth:`ResultsStore.append_experiments` adds experiments to them. Their
+``spec_digest`` stays the digest of the experiments they were created with (the fixed part), so
+a rerun of the same command reopens them; the appended experiments follow in
+``meta["experiments"]``, in the order they were added."""
 
 
 def policy_dir(label: str) -> str:
@@ -118,15 +124,16 @@ class ResultsStore:
             return old
         if root.exists() and any(root.iterdir()):
             raise SpecError(f"{root}: not empty and not a results store; choose another --out")
-        root.mkdir(parents=True, exist_ok=True)
-        if not os.access(root, os.W_OK):
-            raise SpecError(f"{root}: not writable")
         meta = {"format": FORMAT, "kind": kind, "spec_digest": digest,
                 "experiments": [e.to_dict() for e in experiments],
                 "profiles": profile_records(experiments), "provenance": provenance(),
                 **(extra or {})}
+        store = cls(root, meta)  # parses the spec back: a spec that cannot be read is not written
+        root.mkdir(parents=True, exist_ok=True)
+        if not os.access(root, os.W_OK):
+            raise SpecError(f"{root}: not writable")
         write_text(meta_path, json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        return cls(root, meta)
+        return store
 
     @classmethod
     def open(cls, root: str | Path) -> "ResultsStore":
@@ -158,6 +165,22 @@ class ResultsStore:
                 return e
         raise KeyError(f"{self.root}: no experiment {name!r}")
 
+    def append_experiments(self, experiments: list[Experiment]) -> None:
+        """Add ``experiments`` (new names) to a store of an adaptive kind (see
+        :data:`ADAPTIVE_KINDS`), rewriting ``store.json`` atomically before any of their cells
+        is written, so every cell on disk belongs to a listed experiment."""
+        if self.meta.get("kind") not in ADAPTIVE_KINDS:
+            raise SpecError(f"{self.root}: a {self.meta.get('kind')!r} store has a fixed spec; "
+                            f"only {', '.join(ADAPTIVE_KINDS)} stores take new experiments")
+        names = {e.name for e in self.experiments}
+        for e in experiments:
+            if e.name in names:
+                raise SpecError(f"{self.root}: experiment {e.name!r} is already in the store")
+            names.add(e.name)
+        self.experiments.extend(experiments)
+        self.meta["experiments"] = [*self.meta["experiments"], *(e.to_dict() for e in experiments)]
+        write_text(self.root / STORE_FILE, json.dumps(self.meta, indent=2, sort_keys=True) + "\n")
+
     # ---------------------------------------------------------------- cells
     def cell_path(self, experiment: str, point: str, label: str, seed: int,
                   suffix: str = "parquet") -> Path:
@@ -165,10 +188,11 @@ class ResultsStore:
         return (self.root / CELLS / experiment / point / policy_dir(label)
                 / f"seed={seed}.{suffix}")
 
-    def done(self) -> set[tuple]:
-        """Identities ``(experiment, point, policy label, seed)`` of the finished cells."""
+    def done(self, experiments: list[Experiment] | None = None) -> set[tuple]:
+        """Identities ``(experiment, point, policy label, seed)`` of the finished cells (of
+        ``experiments``, default: all of the store's)."""
         out = set()
-        for exp in self.experiments:
+        for exp in self.experiments if experiments is None else experiments:
             for point in exp.points():
                 for label in exp.policies:
                     for seed in exp.seeds:

@@ -1,8 +1,9 @@
 """Experiment specs: field typing at the edge, grids, TOML files, and the CLI's list parsing."""
 
 import pytest
+from click.testing import CliRunner
 
-from prefixshield.cli import _policy_names
+from prefixshield.cli import _policy_names, main
 from prefixshield.experiments.cells import resolve_contracts, resolve_policy, run_spec
 from prefixshield.experiments.overrides import parse_overrides
 from prefixshield.experiments.spec import (Experiment, SpecError, experiment_from_dict,
@@ -156,3 +157,19 @@ def test_one_value_for_a_pair_means_both():
     assert parse_overrides(ptype, ["output_tokens=8"]) == {"output_tokens": (8, 8)}
     assert parse_overrides(ptype, ["output_tokens=8,16"]) == {"output_tokens": (8, 16)}
     assert parse_set_option("one_touch", "output_tokens=8") == ("output_tokens", (8, 8))
+
+
+def test_a_bad_spec_is_refused_at_the_edge_and_writes_nothing(tmp_path):
+    with pytest.raises(SpecError, match="unknown policy 'bogus'"):
+        Experiment(name="x", workload="one_touch", policies=("lru", "bogus"))
+    with pytest.raises(SpecError, match="give both contract.gold.rho and contract.gold.beta"):
+        Experiment(name="x", workload="one_touch", policies=("lru",),
+                   grid=(parse_grid_option("one_touch", "contract.gold.rho=3"),))
+    ok = Experiment(name="x", workload="one_touch", policies=("lru",),
+                    grid=(parse_grid_option("one_touch", "contract.gold.rho=3"),
+                          parse_grid_option("one_touch", "contract.gold.beta=10")))
+    assert resolve_contracts(ok.points()[0].settings)["gold"].beta_blocks == 10.0
+    out = tmp_path / "never"
+    r = CliRunner().invoke(main, ["sweep", "one_touch", "-p", "lru,bogus", "--out", str(out)])
+    assert r.exit_code != 0 and "unknown policy 'bogus'" in r.output
+    assert not out.exists()
