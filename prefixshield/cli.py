@@ -155,11 +155,14 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
 
     WORKLOAD is a generated workload name or a trace .parquet file (see `prefixshield trace`).
     """
-    from prefixshield.experiments.single import RunSpec, build_trace, run_policies, write_outputs
+    from prefixshield.experiments.single import (RunSpec, build_trace, check_out_dir,
+                                                 run_policies, write_outputs)
     from prefixshield.simulator.config import EngineConfig
     from prefixshield.simulator.costmodel import load_profile
 
     typed = _workload_overrides(workload, overrides)
+    if out_dir:
+        check_out_dir(out_dir)  # before minutes of simulation, not after
     engine = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, vllm_compat=vllm_compat,
                           check_invariants=check_invariants)
@@ -168,6 +171,7 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
     trace, info = build_trace(spec)
     _print_header(workload, trace, spec, info)
     timings: dict[str, float] = {}
+    failures: dict[str, str] = {}
     with console.status("simulating...") as status:
         t0 = [time.perf_counter()]
 
@@ -176,19 +180,24 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
             t0[0] = time.perf_counter()
             status.update(f"simulated {name} in {timings[name]:.2f} s")
 
-        results = run_policies(trace, spec, on_done=done)
-    _print_summary(results, timings)
+        results = run_policies(trace, spec, on_done=done, failures=failures)
+    _print_summary(results, timings, failures)
     if out_dir:
-        written = write_outputs(out_dir, spec, trace, info, results)
-        if plot:
+        def figures(folder: Path) -> list[Path]:
+            if not (plot and results):
+                return []
             from prefixshield.plots import plot_policy_comparison
 
             focus = "victim" if "victim" in set(trace.requests["group"]) else None
-            png = Path(out_dir) / "comparison.png"
+            png = folder / "comparison.png"
             plot_policy_comparison(results, f"{workload} - {spec.profile.name}, {num_blocks} "
                                    f"blocks, seed {seed}", png, focus_group=focus)
-            written.append(png)
+            return [png]
+
+        written = write_outputs(out_dir, spec, trace, info, results, failures, extra=figures)
         console.print(f"wrote {len(written)} files to {out_dir}/")
+    if not results:
+        raise click.ClickException("no policy could serve this trace (see the table)")
 
 
 @main.command()
@@ -237,30 +246,46 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
                                  total=seeds)
         runs = run_paired(spec, list(range(seeds)),
                           on_seed=lambda _s: progress.advance(task))
-    table_df = paired_table(runs, baseline=names[0])
+    table_df = paired_table(runs, baseline=names[0],
+                            metrics=("hit_ratio", "token_hit_ratio", "p95_ttft_s"))
     table = Table(title=f"{workload}: paired over {seeds} seeds; differences vs {names[0]} "
                         "(95% bootstrap CI)")
-    attack = bool(runs["attacker_pressure_ratio"].notna().any())
-    cols = ["policy", "hit ratio", "diff (pp)", "P95 TTFT (s)", "diff (s)"]
+    attack = ("attacker_pressure_ratio" in runs
+              and bool(runs["attacker_pressure_ratio"].notna().any()))
+    cols = ["policy", "runs", "hit ratio", "diff (pp)", "token hit ratio", "P95 TTFT (s)",
+            "diff (s)"]
     if attack:
         cols += ["attacker pressure", "attacker debt (blocks)"]
     for col in cols:
         table.add_column(col, justify="left" if col == "policy" else "right")
     means = runs.groupby("policy", sort=False)[["attacker_pressure_ratio",
-                                                "attacker_mean_debt_blocks"]].mean()
+                                                "attacker_mean_debt_blocks"]].mean() \
+        if attack else None
     for _, r in table_df.iterrows():
-        row = [r["policy"], f"{100 * r['hit_ratio_mean']:.2f}%",
-               f"{100 * r['hit_ratio_diff']:+.2f} [{100 * r['hit_ratio_ci_low']:+.2f}, "
-               f"{100 * r['hit_ratio_ci_high']:+.2f}]",
+        if r["runs"] == 0:
+            table.add_row(r["policy"], f"0 of {seeds}", "[red]failed[/]", *[""] * (len(cols) - 3))
+            continue
+        row = [r["policy"], str(r["runs"]) if not r["failed"] else f"{r['runs']} of {seeds}",
+               f"{100 * r['hit_ratio_mean']:.2f}%",
+               _fmt_ci(100 * r['hit_ratio_diff'], 100 * r['hit_ratio_ci_low'],
+                       100 * r['hit_ratio_ci_high'], ".2f"),
+               f"{100 * r['token_hit_ratio_mean']:.2f}%",
                f"{r['p95_ttft_s_mean']:.3f}",
-               f"{r['p95_ttft_s_diff']:+.3f} [{r['p95_ttft_s_ci_low']:+.3f}, "
-               f"{r['p95_ttft_s_ci_high']:+.3f}]"]
+               _fmt_ci(r['p95_ttft_s_diff'], r['p95_ttft_s_ci_low'], r['p95_ttft_s_ci_high'],
+                       ".3f")]
         if attack:
             m = means.loc[r["policy"]]
             row += [_fmt(m["attacker_pressure_ratio"], ".2f"),
                     _fmt(m["attacker_mean_debt_blocks"], ".0f")]
         table.add_row(*row)
     console.print(table)
+    console.print("hit ratio: mean over the judged requests of cached / prompt tokens (vLLM's "
+                  "per-request definition); token hit ratio: cached over prompt tokens summed "
+                  "over them (what trace studies publish).")
+    for _, r in table_df[table_df["failed"] > 0].iterrows():
+        console.print(f"[yellow]{r['policy']} failed on {r['failed']} of {seeds} seeds[/]: "
+                      f"{r['error']}" + ("; its means and differences are over the seeds it "
+                                         "served" if r["runs"] else ""))
     if out_csv:
         write_with(out_csv, lambda tmp: runs.to_csv(tmp, index=False))
         write_with(f"{out_csv}.paired.csv", lambda tmp: table_df.to_csv(tmp, index=False))
@@ -289,16 +314,23 @@ def _print_header(workload, trace, spec, info) -> None:
                       + ("" if meta["params"].get("attack", True) else "; silent (control)"))
 
 
+def _fmt_ci(d: float, lo: float, hi: float, spec: str) -> str:
+    """``+1.23 [+0.45, +2.01]`` with ``spec`` digits; ``-`` when undefined."""
+    if d != d:
+        return "-"
+    return f"{d:+{spec}} [{lo:+{spec}}, {hi:+{spec}}]"
+
+
 def _fmt(x: float, spec: str) -> str:
     """``format(x, spec)``, or ``-`` for NaN."""
     return "-" if x != x else format(x, spec)
 
 
-def _print_summary(results, timings) -> None:
+def _print_summary(results, timings, failures=None) -> None:
     from prefixshield.simulator.metrics import summarize
 
-    first = next(iter(results.values()))
-    pop = summarize(first)["population"]
+    failures = failures or {}
+    pop = summarize(next(iter(results.values())))["population"] if results else "all"
     table = Table(title=f"judged population: {'measured victim' if pop == 'victim' else 'all measured'} requests")
     attack = pop == "victim"
     cols = ["policy", "requests", "hit ratio", "token hit ratio", "P50 TTFT (s)", "P95 TTFT (s)",
@@ -316,7 +348,11 @@ def _print_summary(results, timings) -> None:
             row += [_fmt(s["attacker_pressure_ratio"], ".2f"),
                     _fmt(s["attacker_mean_debt_blocks"], ".0f")]
         table.add_row(*row, f"{timings.get(name, float('nan')):.2f}")
+    for name in failures:
+        table.add_row(name, "[red]failed[/]", *[""] * (len(cols) - 1))
     console.print(table)
+    for name, err in failures.items():
+        console.print(f"[red]{name} failed[/]: {err}")
     if attack:
         console.print("attacker pressure: blocks the attacker materialized per second of the "
                       "pressure window over its refill (measured); debt: its time-weighted mean "

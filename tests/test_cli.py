@@ -140,3 +140,54 @@ def test_result_files_get_ordinary_permissions(tmp_path):
     os.umask(umask)
     mode = stat.S_IMODE((out / "summary.csv").stat().st_mode)
     assert mode == 0o666 & ~umask
+
+
+# ------------------------------------------------------------------- one policy never sinks a run
+BIG = ["--set", "prefix_tokens=6144", "--set", "base_rate=0.3", "--set", "duration_s=8"]
+"""A 388-block prompt: more than static_quota's 255-block share of two tenants at 512 blocks."""
+
+
+def test_a_policy_that_cannot_serve_the_trace_fails_alone_in_run(tmp_path):
+    out = tmp_path / "iso"
+    r = invoke("run", "one_touch", "-p", "lru,static_quota", *BIG, "--out", out)
+    assert r.exit_code == 0, r.output
+    assert "static_quota failed: request 0 of group 'victim' can never be admitted" in \
+        " ".join(r.output.split())
+    summary = pd.read_csv(out / "summary.csv")
+    assert dict(zip(summary["policy"], summary["status"])) == {"lru": "ok",
+                                                               "static_quota": "failed"}
+    assert (out / "lru" / "records.parquet").exists() and not (out / "static_quota").exists()
+    r = invoke("run", "one_touch", "-p", "static_quota", *BIG)
+    assert r.exit_code == 1 and "no policy could serve this trace" in r.output
+
+
+def test_a_policy_that_cannot_serve_the_trace_fails_alone_in_compare():
+    r = invoke("compare", "one_touch", "-p", "lru,static_quota", *BIG, "--seeds", "2")
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "static_quota failed on 2 of 2 seeds" in text and "lru" in text
+
+
+def test_a_narrower_rerun_replaces_the_whole_results_folder(tmp_path):
+    out = tmp_path / "r"
+    assert invoke("run", "one_touch", "-p", "all", *SMALL, "--out", out).exit_code == 0
+    assert (out / "s3fifo").is_dir()
+    r = invoke("run", "one_touch", "-p", "lru", *SMALL, "--out", out)
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["lru"]
+    assert list(pd.read_csv(out / "summary.csv")["policy"]) == ["lru"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "no staging left"
+
+
+def test_out_is_checked_before_simulating(tmp_path):
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "notes.txt").write_text("mine")
+    r = invoke("run", "one_touch", "-p", "lru", *SMALL, "--out", busy)
+    assert r.exit_code == 1 and "not empty and not the results of an earlier run" in r.output
+    assert "judged population" not in r.output  # refused before the simulation
+    assert (busy / "notes.txt").read_text() == "mine"
+    f = tmp_path / "file"
+    f.write_text("x")
+    r = invoke("run", "one_touch", "-p", "lru", *SMALL, "--out", f / "sub")
+    assert r.exit_code != 0 and "not a writable folder" in r.output

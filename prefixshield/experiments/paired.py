@@ -14,13 +14,22 @@ from prefixshield.simulator.metrics import paired_difference, summarize
 def run_paired(spec: RunSpec, seeds: list[int],
                on_seed: Callable[[int], None] | None = None) -> pd.DataFrame:
     """Run ``spec`` once per seed (the seed replaces ``spec.seed``); one row per (seed, policy)
-    with the :func:`~prefixshield.simulator.metrics.summarize` columns."""
+    with ``status`` (``ok``, or ``failed`` with ``error`` when the policy cannot serve that
+    seed's trace; its metrics are then NaN) and the
+    :func:`~prefixshield.simulator.metrics.summarize` columns."""
     rows = []
     for seed in seeds:
         s = replace(spec, seed=seed)
         trace, _info = build_trace(s)
-        for label, result in run_policies(trace, s).items():
-            rows.append({"seed": seed, "policy": label, **summarize(result)})
+        failures: dict[str, str] = {}
+        results = run_policies(trace, s, failures=failures)
+        for label in s.policies:
+            if label in results:
+                rows.append({"seed": seed, "policy": label, "status": "ok", "error": "",
+                             **summarize(results[label])})
+            else:
+                rows.append({"seed": seed, "policy": label, "status": "failed",
+                             "error": failures[label]})
         if on_seed is not None:
             on_seed(seed)
     return pd.DataFrame(rows)
@@ -28,17 +37,26 @@ def run_paired(spec: RunSpec, seeds: list[int],
 
 def paired_table(runs: pd.DataFrame, baseline: str, metrics=("hit_ratio", "p95_ttft_s"),
                  n_resamples: int = 10_000, seed: int = 0) -> pd.DataFrame:
-    """Per policy: mean of each metric over seeds, and its paired difference to ``baseline``
-    with a 95% percentile-bootstrap CI over run-level differences (fixed bootstrap seed)."""
+    """Per policy: runs served (``runs``, ``failed`` and the first ``error``), the mean of each
+    metric over them, and its paired difference to ``baseline`` with a 95% percentile-bootstrap
+    CI over run-level differences (fixed bootstrap seed), on the seeds both served."""
     out = []
+    runs = runs.assign(**{m: float("nan") for m in metrics if m not in runs})
     wide = {m: runs.pivot(index="seed", columns="policy", values=m) for m in metrics}
+    status = runs["status"] if "status" in runs else pd.Series("ok", index=runs.index)
     for policy in dict.fromkeys(runs["policy"]):
-        row = {"policy": policy, "runs": int((runs["policy"] == policy).sum())}
+        mine = runs["policy"] == policy
+        bad = runs[mine & (status != "ok")]
+        row = {"policy": policy, "runs": int((mine & (status == "ok")).sum()),
+               "failed": len(bad), "error": str(bad["error"].iloc[0]) if len(bad) else ""}
         for m in metrics:
             w = wide[m]
             row[f"{m}_mean"] = float(w[policy].mean())
-            if policy != baseline:
-                d = paired_difference(w[policy].to_numpy(), w[baseline].to_numpy(),
+            both = w[[policy, baseline]].dropna() if policy != baseline else w[[policy]]
+            if policy != baseline and both.empty:
+                row[f"{m}_diff"] = row[f"{m}_ci_low"] = row[f"{m}_ci_high"] = float("nan")
+            elif policy != baseline:
+                d = paired_difference(both[policy].to_numpy(), both[baseline].to_numpy(),
                                       n_resamples=n_resamples, seed=seed)
                 row[f"{m}_diff"] = d["mean_diff"]
                 row[f"{m}_ci_low"] = d["ci_low"]

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import platform
+import shutil
+import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -127,15 +130,27 @@ def build_trace(spec: RunSpec) -> tuple[Trace, dict]:
 
 
 def run_policies(trace: Trace, spec: RunSpec,
-                 on_done: Callable[[str, RunResult], None] | None = None) -> dict[str, RunResult]:
-    """Run ``trace`` once per policy of ``spec`` (a fresh policy and engine each time)."""
+                 on_done: Callable[[str, RunResult], None] | None = None,
+                 failures: dict[str, str] | None = None) -> dict[str, RunResult]:
+    """Run ``trace`` once per policy of ``spec`` (a fresh policy and engine each time).
+
+    A policy that cannot serve the trace (e.g. a request larger than what a static quota may
+    ever give its group) raises :class:`~prefixshield.simulator.engine.EngineError`; with a
+    ``failures`` dict, its reason is recorded there under the policy's label instead and the
+    other policies still run (a comparison never sinks with one policy)."""
     results = {}
     for label in spec.policies:
         name, kwargs = parse_policy_spec(label)
         policy = make_policy(name, spec.engine.num_blocks, vllm_compat=spec.engine.vllm_compat,
                              **kwargs)
-        results[label] = Engine(trace, policy, spec.profile.cost, spec.engine,
-                                contracts=spec.contract_table).run()
+        try:
+            results[label] = Engine(trace, policy, spec.profile.cost, spec.engine,
+                                    contracts=spec.contract_table).run()
+        except EngineError as e:
+            if failures is None:
+                raise
+            failures[label] = str(e)
+            continue
         if on_done is not None:
             on_done(label, results[label])
     return results
@@ -147,9 +162,17 @@ def label_dir(label: str) -> str:
     return label.replace(":", "-").replace("=", "-").replace(",", "_").replace("/", "_")
 
 
-def summary_frame(results: dict[str, RunResult]) -> pd.DataFrame:
-    """One row per policy: :func:`~prefixshield.simulator.metrics.summarize` of each run."""
-    return pd.DataFrame([{"policy": p, **summarize(r)} for p, r in results.items()])
+def summary_frame(results: dict[str, RunResult],
+                  failures: dict[str, str] | None = None) -> pd.DataFrame:
+    """One row per policy: ``status`` (``ok`` or ``failed``), ``error`` and the
+    :func:`~prefixshield.simulator.metrics.summarize` metrics of each run (empty if failed)."""
+    rows = [{"policy": p, "status": "ok", "error": "", **summarize(r)} for p, r in results.items()]
+    rows += [{"policy": p, "status": "failed", "error": e} for p, e in (failures or {}).items()]
+    df = pd.DataFrame(rows)
+    for col in ("requests", "preemptions", "evictions", "sim_steps", "sim_events"):
+        if col in df:  # stay integers beside a failed policy's empty row
+            df[col] = df[col].astype("Int64")
+    return df
 
 
 def config_record(spec: RunSpec, trace_info: dict) -> dict:
@@ -180,34 +203,81 @@ def _jsonable(x: Any) -> Any:
     raise TypeError(f"not JSON-serializable: {type(x).__name__}")
 
 
+def check_out_dir(out_dir: str | Path) -> Path:
+    """Check ``--out`` before simulating: it must be new, empty, or a results folder of an
+    earlier ``run`` (``config.json`` and ``summary.csv`` inside, which a new run replaces
+    whole), and its parent writable. Raises ValueError naming the folder."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not (
+            (out / "config.json").is_file() and (out / "summary.csv").is_file()):
+        raise ValueError(f"--out {out}: not empty and not the results of an earlier run; "
+                         "choose a new folder")
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: cannot create it ({parent} is not a writable folder)")
+    if out.is_dir() and not os.access(out.parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: cannot replace it ({out.parent} is not writable)")
+    return out
+
+
 def write_outputs(out_dir: str | Path, spec: RunSpec, trace: Trace, trace_info: dict,
-                  results: dict[str, RunResult]) -> list[Path]:
+                  results: dict[str, RunResult], failures: dict[str, str] | None = None,
+                  extra: Callable[[Path], list[Path]] | None = None) -> list[Path]:
     """Write config, trace, per-policy records/groups/evictions/occupancy and the summary.
 
-    Every file is written atomically; returns the paths written.
+    Everything is written into a fresh folder beside ``out_dir`` that then replaces it, so an
+    earlier or interrupted run never leaves files that look current (a narrower rerun does not
+    keep the old policies' folders); ``summary.csv`` lists failed policies with their reason.
+    ``extra(tmp_folder)`` may add files (e.g. figures) before the swap. Returns the final paths.
     """
-    out = Path(out_dir)
+    out = check_out_dir(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".new", dir=out.parent))
     written: list[Path] = []
+    try:
+        os.chmod(stage, 0o777 & ~_umask())
 
-    def put_text(name: str, text: str) -> None:
-        write_text(out / name, text)
-        written.append(out / name)
+        def put_text(name: str, text: str) -> None:
+            write_text(stage / name, text)
+            written.append(Path(name))
 
-    def put_parquet(name: str, df: pd.DataFrame) -> None:
-        write_with(out / name, lambda tmp: df.to_parquet(tmp, index=False))
-        written.append(out / name)
+        def put_parquet(name: str, df: pd.DataFrame) -> None:
+            write_with(stage / name, lambda tmp: df.to_parquet(tmp, index=False))
+            written.append(Path(name))
 
-    put_text("config.json", json.dumps(config_record(spec, trace_info), indent=2,
-                                       default=_jsonable) + "\n")
-    write_trace(trace, out / "trace.parquet")
-    written.append(out / "trace.parquet")
-    for label, r in results.items():
-        d = label_dir(label)
-        put_parquet(f"{d}/records.parquet", r.records)
-        put_parquet(f"{d}/occupancy.parquet", occupancy_frame(r))
-        put_text(f"{d}/groups.csv", group_table(r).to_csv(index=False))
-        put_text(f"{d}/evictions.csv", eviction_matrix(r).to_csv())
-        put_text(f"{d}/policy_stats.json", json.dumps(r.policy_stats, indent=2,
-                                                      default=_jsonable) + "\n")
-    put_text("summary.csv", summary_frame(results).to_csv(index=False))
-    return written
+        put_text("config.json", json.dumps(config_record(spec, trace_info), indent=2,
+                                           default=_jsonable) + "\n")
+        write_trace(trace, stage / "trace.parquet")
+        written.append(Path("trace.parquet"))
+        for label, r in results.items():
+            d = label_dir(label)
+            put_parquet(f"{d}/records.parquet", r.records)
+            put_parquet(f"{d}/occupancy.parquet", occupancy_frame(r))
+            put_text(f"{d}/groups.csv", group_table(r).to_csv(index=False))
+            put_text(f"{d}/evictions.csv", eviction_matrix(r).to_csv())
+            put_text(f"{d}/policy_stats.json", json.dumps(r.policy_stats, indent=2,
+                                                          default=_jsonable) + "\n")
+        put_text("summary.csv", summary_frame(results, failures).to_csv(index=False))
+        if extra is not None:
+            written += [p.relative_to(stage) for p in extra(stage)]
+        old = None
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{stage.name}"
+            os.replace(out, old)
+        os.replace(stage, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return [out / p for p in written]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
