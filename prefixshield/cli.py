@@ -22,6 +22,10 @@ from prefixshield import __version__
 # Piped output (CI logs, files) gets a wide fixed width so tables are not squeezed to 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
 
+SEED = click.IntRange(0, 2 ** 63 - 1)
+"""Seeds are non-negative 64-bit integers (numpy's seed sequences and the token hash take them)."""
+POSITIVE = click.IntRange(min=1)
+
 # Errors that are the user's input, not our bugs: shown as one line.
 _USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, FileNotFoundError,
                                                  OSError)
@@ -103,9 +107,10 @@ def main() -> None:
 # ---------------------------------------------------------------------------------------- run
 def _engine_options(fn):
     opts = [
-        click.option("--blocks", "num_blocks", type=int, default=512, show_default=True,
+        click.option("--blocks", "num_blocks", type=click.IntRange(min=2), default=512,
+                     show_default=True,
                      help="KV blocks configured, null block included (usable = blocks - 1)."),
-        click.option("--block-size", type=int, default=16, show_default=True,
+        click.option("--block-size", type=POSITIVE, default=16, show_default=True,
                      help="Tokens per KV block."),
         click.option("--compat", "vllm_compat", type=click.Choice(["0.10", "current"]),
                      default="current", show_default=True,
@@ -140,7 +145,7 @@ def _workload_options(fn):
                    "arguments (e.g. prefixshield:debt_gate=false). Repeat for several; every "
                    "policy gets the identical trace.")
 @_engine_options
-@click.option("--seed", type=int, default=0, show_default=True, help="Trace seed.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Trace seed.")
 @_workload_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write records, summaries and config here.")
@@ -368,10 +373,11 @@ def trace() -> None:
 @trace.command("generate")
 @click.argument("workload")
 @click.argument("out", type=click.Path(dir_okay=False))
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--profile", default="l4-qwen2.5-1.5b", show_default=True)
-@click.option("--blocks", "num_blocks", type=int, default=512, show_default=True)
-@click.option("--block-size", type=int, default=16, show_default=True)
+@click.option("--blocks", "num_blocks", type=click.IntRange(min=2), default=512,
+              show_default=True)
+@click.option("--block-size", type=POSITIVE, default=16, show_default=True)
 @_workload_options
 @_user_errors
 def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, overrides):
@@ -399,7 +405,7 @@ def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, 
 @click.argument("fmt", type=click.Choice(["mooncake", "sharegpt", "azure"]))
 @click.argument("src", type=click.Path(dir_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
-@click.option("--seed", type=int, default=0, show_default=True, help="Token seed.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Token seed.")
 @click.option("--groups", "num_groups", type=int, default=1, show_default=True,
               help="Spread requests round-robin over this many groups.")
 @_user_errors
@@ -417,7 +423,7 @@ def trace_import(fmt, src, out, seed, num_groups):
 
 @trace.command("inspect")
 @click.argument("path", type=click.Path(dir_okay=False))
-@click.option("--block-size", type=int, default=16, show_default=True)
+@click.option("--block-size", type=POSITIVE, default=16, show_default=True)
 @_user_errors
 def trace_inspect(path, block_size):
     """Print what a trace holds: requests, groups, roles, prompt lengths, rates."""
@@ -451,7 +457,7 @@ def trace_inspect(path, block_size):
 @click.option("--name", required=True, help="Profile name, e.g. cpu-tiny-qwen2.")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
               help="Profile file to write [default: NAME.toml].")
-@click.option("--block-size", type=int, default=32, show_default=True,
+@click.option("--block-size", type=POSITIVE, default=32, show_default=True,
               help="KV block size (vLLM's CPU attention needs a multiple of 32).")
 @click.option("--blocks", "num_blocks", type=int, default=2048, show_default=True,
               help="KV blocks for the engine under test.")
@@ -493,7 +499,7 @@ def calibrate(model_dir, name, out_path, block_size, num_blocks, dtype, quick):
 @click.option("--arch", default="tiny-qwen2", show_default=True,
               type=click.Choice(["tiny-qwen2", "qwen2.5-1.5b", "qwen2.5-7b"]),
               help="Architecture: the tiny CPU test model or a public Qwen2.5 shape.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Weight RNG seed.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Weight RNG seed.")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
               help="Weight dtype [default: float32 for tiny-qwen2, bfloat16 otherwise].")
 @click.option("--dry-run", is_flag=True, help="Print config.json and the parameter count only.")
@@ -527,7 +533,7 @@ def make_model(out_dir, arch, seed, dtype, dry_run, overwrite):
               help="Model directory [default: a tiny-qwen2 written to OUT/model].")
 @click.option("--blocks", "num_blocks", type=int, default=64, show_default=True,
               help="KV blocks, null block included (vLLM num_gpu_blocks_override).")
-@click.option("--block-size", type=int, default=32, show_default=True,
+@click.option("--block-size", type=POSITIVE, default=32, show_default=True,
               help="Tokens per block (vLLM's CPU attention: a multiple of 32).")
 @click.option("--max-num-seqs", type=int, default=16, show_default=True,
               help="Most running requests per step.")
@@ -535,7 +541,7 @@ def make_model(out_dir, arch, seed, dtype, dry_run, overwrite):
               help="Token budget per step (chunked prefill).")
 @click.option("--timed", is_flag=True,
               help="Honour arrival times on the wall clock [default: one request at a time].")
-@click.option("--seed", type=int, default=0, show_default=True, help="Trace seed.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Trace seed.")
 @_workload_options
 @click.option("--check-invariants", is_flag=True,
               help="Check the pool/policy invariants after every block-pool call (slow).")

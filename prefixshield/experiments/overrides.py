@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any
@@ -52,9 +53,12 @@ def _convert(text: str, tp: Any, key: str) -> Any:
             raise OverrideError(f"--set {key}: expected an integer, got {text!r}") from None
     if tp is float:
         try:
-            return float(text)
+            value = float(text)
         except ValueError:
             raise OverrideError(f"--set {key}: expected a number, got {text!r}") from None
+        if not math.isfinite(value):  # inf/nan reach generators and sizes as overflows
+            raise OverrideError(f"--set {key}: expected a finite number, got {text!r}")
+        return value
     if tp is str:
         return text
     raise OverrideError(f"--set {key}: this parameter cannot be set from the command line")

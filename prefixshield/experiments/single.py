@@ -66,11 +66,33 @@ class RunSpec:
             raise ValueError("no policy given")
         if not self.alpha > 0:
             raise ValueError(f"alpha must be > 0, got {self.alpha}")
+        check_memory(self.engine.num_blocks, len(self.policies))
 
     @property
     def contract_table(self) -> Mapping[str, Contract]:
         """``contracts``, or ``DEFAULT_CONTRACTS`` when None."""
         return DEFAULT_CONTRACTS if self.contracts is None else self.contracts
+
+
+BYTES_PER_BLOCK = 1024
+"""Upper estimate of simulator memory per configured block and policy: the pool's arrays (ref
+counts, hashes, hash table, owners, occupancy), a policy's state (PrefixShield's is the largest:
+about 200 bytes a block plus its admission history), and the per-run logs that grow with it."""
+
+
+def check_memory(num_blocks: int, num_policies: int = 1) -> None:
+    """Refuse, before allocating anything, a pool whose estimated memory
+    (``BYTES_PER_BLOCK x num_blocks``; one policy's state at a time) exceeds 80% of this
+    machine's physical memory."""
+    need = BYTES_PER_BLOCK * int(num_blocks)
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > 0.8 * have:
+        raise ValueError(f"{num_blocks:,} blocks need about {need / 2 ** 30:.1f} GiB "
+                         f"({BYTES_PER_BLOCK} bytes a block, estimated) but this machine has "
+                         f"{have / 2 ** 30:.1f} GiB; use fewer --blocks")
 
 
 def is_trace_file(workload: str) -> bool:
@@ -124,9 +146,16 @@ def resolve_params(spec: RunSpec) -> tuple[Any, dict]:
 def build_trace(spec: RunSpec) -> tuple[Trace, dict]:
     """The trace for ``spec`` and a dict saying how it was obtained (written with the results)."""
     if is_trace_file(spec.workload):
-        return read_trace(spec.workload), {"trace_file": str(spec.workload)}
-    p, info = resolve_params(spec)
-    return WORKLOADS[spec.workload](p), info
+        trace, info = read_trace(spec.workload), {"trace_file": str(spec.workload)}
+    else:
+        p, info = resolve_params(spec)
+        trace = WORKLOADS[spec.workload](p)
+    if len(trace) == 0:
+        raise ValueError(f"{spec.workload}: the trace has no requests; nothing to simulate")
+    if not trace.requests["measured"].any():
+        raise ValueError(f"{spec.workload}: no request of the trace is measured (all warm-up); "
+                         "no hit ratio or TTFT could be judged")
+    return trace, info
 
 
 def run_policies(trace: Trace, spec: RunSpec,
@@ -257,8 +286,8 @@ def write_outputs(out_dir: str | Path, spec: RunSpec, trace: Trace, trace_info: 
             d = label_dir(label)
             put_parquet(f"{d}/records.parquet", r.records)
             put_parquet(f"{d}/occupancy.parquet", occupancy_frame(r))
-            put_text(f"{d}/groups.csv", group_table(r).to_csv(index=False))
-            put_text(f"{d}/evictions.csv", eviction_matrix(r).to_csv())
+            put_text(f"{d}/groups.csv", csv_safe(group_table(r)).to_csv(index=False))
+            put_text(f"{d}/evictions.csv", csv_safe(eviction_matrix(r)).to_csv())
             put_text(f"{d}/policy_stats.json", json.dumps(r.policy_stats, indent=2,
                                                           default=_jsonable) + "\n")
         put_text("summary.csv", summary_frame(results, failures).to_csv(index=False))
@@ -275,6 +304,24 @@ def write_outputs(out_dir: str | Path, spec: RunSpec, trace: Trace, trace_info: 
         shutil.rmtree(stage, ignore_errors=True)
         raise
     return [out / p for p in written]
+
+
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with text cells and labels that a spreadsheet would run as a formula (group names
+    from a trace, e.g. ``=cmd|...``) prefixed with ``'``; numbers are left alone."""
+    def fix(x):
+        return "'" + x if isinstance(x, str) and x.startswith(_FORMULA_START) else x
+
+    out = df.copy()
+    for col in out.columns:
+        if out[col].dtype == object:
+            out[col] = out[col].map(fix)
+    out.index = out.index.map(fix)
+    out.columns = out.columns.map(fix)
+    return out
 
 
 def _umask() -> int:

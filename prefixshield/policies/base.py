@@ -124,4 +124,7 @@ def make_policy(name: str, num_blocks: int, vllm_compat: str = "current", **para
         cls = POLICIES[name]
     except KeyError:
         raise KeyError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
-    return cls(num_blocks, vllm_compat=vllm_compat, **params)
+    try:
+        return cls(num_blocks, vllm_compat=vllm_compat, **params)
+    except ValueError as e:
+        raise ValueError(f"policy {name}: {e}") from None

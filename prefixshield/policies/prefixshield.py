@@ -139,6 +139,11 @@ class DebtLog:
         return self.classes[:self.size].copy()
 
 
+MAX_HISTORY_FACTOR = 64.0
+"""Largest admission-history size in entries per configured block (the history is per-block
+state; beyond this it is a memory mistake, not a setting)."""
+
+
 @register_policy
 class PrefixShieldPolicy(Policy):
     """PrefixShield (see the module docstring for the algorithm and every interpretation).
@@ -170,8 +175,9 @@ class PrefixShieldPolicy(Policy):
             raise ValueError(f"rho_scale must be a finite number > 0, got {rho_scale}")
         if not epsilon >= 0:
             raise ValueError(f"epsilon must be >= 0 blocks, got {epsilon}")
-        if not history_factor > 0:
-            raise ValueError(f"history_factor must be > 0, got {history_factor}")
+        if not 0 < history_factor <= MAX_HISTORY_FACTOR:
+            raise ValueError(f"history_factor must be in (0, {MAX_HISTORY_FACTOR:g}] entries per "
+                             f"block, got {history_factor}")
         self.segmentation = bool(segmentation)
         self.debt_gate = bool(debt_gate)
         self.responsibility = bool(responsibility)

@@ -62,6 +62,10 @@ from prefixshield.policies.kernels import s3fifo_kernels as k
 from prefixshield.policies.kernels.linkedlist import LinkedLists
 
 
+MAX_GHOST_SIZE_RATIO = 64.0
+"""Largest ghost queue in entries per cache block (libCacheSim's default is 0.9)."""
+
+
 @register_policy
 class S3FIFOPolicy(Policy):
     """S3-FIFO (small FIFO + main 2-bit CLOCK-like FIFO + ghost) over blocks, with libCacheSim's
@@ -107,8 +111,9 @@ class S3FIFOPolicy(Policy):
         super().__init__(num_blocks, vllm_compat)
         if not 0.0 <= small_size_ratio <= 1.0:
             raise ValueError(f"small_size_ratio must be in [0, 1], got {small_size_ratio}")
-        if not ghost_size_ratio >= 0.0:
-            raise ValueError(f"ghost_size_ratio must be >= 0, got {ghost_size_ratio}")
+        if not 0.0 <= ghost_size_ratio <= MAX_GHOST_SIZE_RATIO:
+            raise ValueError(f"ghost_size_ratio must be in [0, {MAX_GHOST_SIZE_RATIO:g}] (ghost "
+                             f"entries per cache block), got {ghost_size_ratio}")
         if (not isinstance(move_to_main_threshold, (int, np.integer))
                 or not 0 <= move_to_main_threshold <= 100):
             raise ValueError("move_to_main_threshold must be an integer in [0, 100], "

@@ -12,6 +12,7 @@ files in ``simulator/profiles/`` carrying the coefficients and their provenance.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -66,6 +67,11 @@ def list_profiles() -> list[str]:
     return sorted(p.name[:-5] for p in _profile_dir().iterdir() if p.name.endswith(".toml"))
 
 
+MAX_COEFFICIENT_S = 10.0
+"""Largest accepted cost coefficient (seconds, or seconds per token/sequence): a step of a real
+engine takes milliseconds; anything near this bound is a unit mistake, not a GPU."""
+
+
 def parse_profile(text: str, source: str) -> Profile:
     """Parse and validate profile TOML ``text``; errors name ``source`` and the field."""
     try:
@@ -77,17 +83,17 @@ def parse_profile(text: str, source: str) -> Profile:
             raise ProfileError(f"{source}: missing table [{section}]")
     cost = data["cost"]
     values = {}
-    for f in _COST_FIELDS:
+    for f in _COST_FIELDS + tuple(f for f in _OPTIONAL_COST_FIELDS if f in cost):
         v = cost.get(f)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
-            raise ProfileError(f"{source}: [cost].{f} must be a number >= 0, got {v!r}")
+        if (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v)
+                or not 0 <= v <= MAX_COEFFICIENT_S):
+            raise ProfileError(f"{source}: [cost].{f} must be a finite number in "
+                               f"[0, {MAX_COEFFICIENT_S:g}] seconds, got {v!r}")
         values[f] = float(v)
-    for f in _OPTIONAL_COST_FIELDS:
-        if f in cost:
-            v = cost[f]
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
-                raise ProfileError(f"{source}: [cost].{f} must be a number >= 0, got {v!r}")
-            values[f] = float(v)
+    if values["a_s"] + values["c_s_per_decode_seq"] + values["d_s_per_context_token"] <= 0:
+        raise ProfileError(f"{source}: [cost]: a one-sequence decode step would take no time "
+                           "(a_s, c_s_per_decode_seq and d_s_per_context_token are all 0); "
+                           "the simulated clock could not advance")
     unknown = sorted(set(cost) - set(_COST_FIELDS) - set(_OPTIONAL_COST_FIELDS))
     if unknown:
         raise ProfileError(f"{source}: [cost] has unknown field(s) {', '.join(unknown)}")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from prefixshield.atomic import atomic_path
 from prefixshield.traces.schema import TRACE_COLUMNS, Trace, TraceError, build_requests
 
 FORMAT = "trace/1"
@@ -111,17 +111,9 @@ def write_trace(trace: Trace, path: str | os.PathLike) -> Path:
         _KEY_META: meta_json.encode(),
     }
     table = pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    os.close(fd)
-    try:
+    # atomic_path gives the file ordinary permissions (mkstemp alone makes it 0600)
+    with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
     return path
 
 

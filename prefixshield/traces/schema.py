@@ -89,6 +89,10 @@ def build_requests(columns: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(data)
 
 
+MAX_VOCAB_SIZE = 2 ** 31
+"""Largest vocabulary a trace may name (token ids are drawn below it; real models: < 2**18)."""
+
+
 @dataclass
 class Trace:
     """A request trace: ``requests`` holds ``TRACE_COLUMNS``, one row per request, by arrival.
@@ -114,8 +118,11 @@ class Trace:
         missing = [c for c in TRACE_COLUMNS if c not in df.columns]
         if missing:
             raise TraceError(f"{source}: missing column(s) {', '.join(missing)}")
-        if self.vocab_size < 2:
-            raise TraceError(f"{source}: vocab_size must be >= 2, got {self.vocab_size}")
+        if not 2 <= self.vocab_size <= MAX_VOCAB_SIZE:
+            raise TraceError(f"{source}: vocab_size must be in [2, {MAX_VOCAB_SIZE}], got "
+                             f"{self.vocab_size}")
+        if not 0 <= self.seed < 2 ** 63:
+            raise TraceError(f"{source}: seed must be in [0, 2**63), got {self.seed}")
         tenants = self.meta.get("tenants")
         if tenants is not None and not (
                 isinstance(tenants, dict)
@@ -138,6 +145,15 @@ class Trace:
         rid = df["request_id"].to_numpy()
         if len(np.unique(rid)) != len(rid):
             raise TraceError(f"{source}: field request_id has duplicate values")
+        bad = np.flatnonzero(rid < 0)
+        if bad.size:
+            raise TraceError(f"{source}: row {int(bad[0])}: field request_id must be >= 0, got "
+                             f"{rid[bad[0]]}")
+        pid = df["prefix_id"].to_numpy()
+        bad = np.flatnonzero(pid < 0)
+        if bad.size:
+            raise TraceError(f"{source}: row {int(bad[0])}: field prefix_id must be >= 0, got "
+                             f"{pid[bad[0]]}")
         out = df["output_tokens"].to_numpy()
         bad = np.flatnonzero(out < 1)
         if bad.size:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from prefixshield.traces.rows import RequestRows
-from prefixshield.traces.schema import DEFAULT_VOCAB_SIZE
+from prefixshield.traces.schema import DEFAULT_VOCAB_SIZE, MAX_VOCAB_SIZE
 from prefixshield.traces.segments import SegmentKind, segment_ids
 from prefixshield.workloads.outputs import (DEFAULT_OUTPUT_DIST, check_outputs,
                                             describe_outputs, draw_output_tokens,
@@ -81,14 +81,16 @@ class WorkloadParams:
     vocab_size: int = DEFAULT_VOCAB_SIZE
 
     def __post_init__(self) -> None:
-        check(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
+        check(0 <= self.seed < 2 ** 63, f"seed must be in [0, 2**63), got {self.seed}")
         check(self.base_rate > 0 and math.isfinite(self.base_rate),
               f"base_rate must be > 0 requests/s, got {self.base_rate}")
         check(0 < self.alpha, f"alpha must be > 0, got {self.alpha}")
         check(self.block_size >= 1, f"block_size must be >= 1, got {self.block_size}")
         check(self.num_blocks >= 2, f"num_blocks must be >= 2, got {self.num_blocks}")
-        check(self.duration_s > 0, f"duration_s must be > 0 s, got {self.duration_s}")
-        check(self.vocab_size >= 2, f"vocab_size must be >= 2, got {self.vocab_size}")
+        check(0 < self.duration_s < math.inf, f"duration_s must be a finite number > 0 s, got "
+              f"{self.duration_s}")
+        check(2 <= self.vocab_size <= MAX_VOCAB_SIZE,
+              f"vocab_size must be in [2, {MAX_VOCAB_SIZE}], got {self.vocab_size}")
 
     @property
     def c_prefill(self) -> float:

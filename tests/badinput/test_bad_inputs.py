@@ -1,0 +1,224 @@
+"""Bad inputs end in one clear ``Error:`` line, never a traceback or a meaningless exit 0.
+
+Each case is (name, command-line arguments, words the error must contain). Files the cases need
+(profiles, traces) are written into a temporary folder; ``{tmp}`` in an argument is replaced
+by it. A case passes when the command exits non-zero, prints no traceback, and its output names
+what was wrong.
+"""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from prefixshield.cli import main
+from prefixshield.traces.io import read_trace, write_trace
+
+GOOD_PROFILE = """name = "p"
+[cost]
+a_s = {a}
+b_s_per_prefill_token = {b}
+c_s_per_decode_seq = {c}
+d_s_per_context_token = {d}
+[provenance]
+status = "test"
+hardware = "x"
+model = "x"
+vllm_version = "x"
+attention_backend = "x"
+date = "x"
+method = "x"
+"""
+
+SMALL = ["--set", "duration_s=8"]
+
+CASES = [
+    # --- the tracebacks an audit found
+    ("seed too large", ["run", "one_touch", "--seed", "99999999999999999999999"], "--seed"),
+    ("negative seed", ["run", "one_touch", "--seed", "-1"], "--seed"),
+    ("duration inf", ["run", "one_touch", "--set", "duration_s=inf"], "finite"),
+    ("attacker_rate inf", ["run", "one_touch", "--set", "attacker_rate=inf"], "finite"),
+    ("pressure_start inf", ["run", "one_touch", "--set", "pressure_start_s=inf"], "finite"),
+    ("vocab 1e20", ["run", "one_touch", "--set", "vocab_size=1e20"], "integer"),
+    ("vocab huge", ["run", "one_touch", "--set", "vocab_size=100000000000"], "vocab_size"),
+    ("ghost inf", ["run", "one_touch", "-p", "s3fifo:ghost_size_ratio=inf"], "finite"),
+    ("history inf", ["run", "one_touch", "-p", "prefixshield:history_factor=inf"], "finite"),
+    ("history 1e9", ["run", "one_touch", "-p", "prefixshield:history_factor=1e9"],
+     "history_factor must be in"),
+    ("ghost 1e12", ["run", "one_touch", "-p", "s3fifo:ghost_size_ratio=1e12"],
+     "ghost_size_ratio must be in"),
+    ("profile all zero", ["run", "one_touch", "--profile", "{tmp}/zero.toml"], "no time"),
+    ("profile a inf", ["run", "one_touch", "--profile", "{tmp}/inf.toml"], "finite number"),
+    ("profile a 1e300", ["run", "one_touch", "--profile", "{tmp}/huge.toml"], "[0, 10]"),
+    ("profile negative", ["run", "one_touch", "--profile", "{tmp}/neg.toml"], "a_s"),
+    ("profile not toml", ["run", "one_touch", "--profile", "{tmp}/broken.toml"], "not valid TOML"),
+    ("profile missing", ["run", "one_touch", "--profile", "{tmp}/nope.toml"], "nope.toml"),
+    ("profile unknown name", ["run", "one_touch", "--profile", "h100-nothing"], "unknown profile"),
+    ("empty trace", ["run", "{tmp}/empty.parquet"], "no requests"),
+    ("blocks too many", ["run", "one_touch", "--blocks", "1000000000"], "GiB"),
+    ("blocks 1", ["run", "one_touch", "--blocks", "1"], "--blocks"),
+    ("block size 0", ["run", "one_touch", "--block-size", "0"], "--block-size"),
+    ("inspect block size 0", ["trace", "inspect", "{tmp}/good.parquet", "--block-size", "0"],
+     "--block-size"),
+    ("out is a file path", ["run", "one_touch", *SMALL, "--out", "{tmp}/afile/sub"],
+     "not a writable folder"),
+    ("out not a run folder", ["run", "one_touch", *SMALL, "--out", "{tmp}/busy"],
+     "not empty and not the results"),
+    # --- trace files
+    ("trace negative seed", ["run", "{tmp}/negseed.parquet"], "seed must be in"),
+    ("trace negative prefix", ["run", "{tmp}/negprefix.parquet"], "prefix_id must be >= 0"),
+    ("trace duplicate ids", ["run", "{tmp}/dupid.parquet"], "duplicate"),
+    ("trace decreasing arrivals", ["run", "{tmp}/decreasing.parquet"], "decreases"),
+    ("trace zero output", ["run", "{tmp}/zeroout.parquet"], "output_tokens must be >= 1"),
+    ("trace bad role", ["run", "{tmp}/badrole.parquet"], "role must be one of"),
+    ("trace not parquet", ["run", "{tmp}/junk.parquet"], "junk.parquet"),
+    ("trace missing", ["run", "{tmp}/missing.parquet"], "missing.parquet"),
+    ("trace nothing measured", ["run", "{tmp}/unmeasured.parquet"], "no request"),
+    # --- CLI options and policy specs
+    ("unknown workload", ["run", "no_such"], "unknown workload"),
+    ("unknown policy", ["run", "one_touch", "-p", "nope"], "unknown policy"),
+    ("unknown policy param", ["run", "one_touch", "-p", "lru:x=1"], "has no parameter"),
+    ("policy param type", ["run", "one_touch", "-p", "prefixshield:debt_gate=maybe"],
+     "true or false"),
+    ("policy spec syntax", ["run", "one_touch", "-p", "prefixshield:debt_gate"], "key=value"),
+    ("rho_scale zero", ["run", "one_touch", "-p", "prefixshield:rho_scale=0"], "rho_scale"),
+    ("set unknown", ["run", "one_touch", "--set", "colour=3"], "unknown parameter"),
+    ("set syntax", ["run", "one_touch", "--set", "duration_s"], "key=value"),
+    ("set negative duration", ["run", "one_touch", "--set", "duration_s=-3"], "duration_s"),
+    ("set nan", ["run", "one_touch", "--set", "duration_s=nan"], "finite"),
+    ("output range reversed", ["run", "one_touch", "--set", "output_tokens=64,16"],
+     "output_tokens"),
+    ("set on a trace file", ["run", "{tmp}/good.parquet", "--set", "duration_s=3"],
+     "generated workloads"),
+    ("alpha zero", ["run", "one_touch", "--alpha", "0"], "alpha"),
+    ("compat", ["run", "one_touch", "--compat", "0.9"], "--compat"),
+    ("compare seeds 0", ["compare", "one_touch", "--seeds", "0"], "--seeds"),
+    ("sweep grid type", ["sweep", "one_touch", "--grid", "blocks=many", "--out", "{tmp}/s1"],
+     "expected an integer"),
+    ("sweep grid field", ["sweep", "one_touch", "--grid", "nope=1", "--out", "{tmp}/s2"],
+     "unknown parameter"),
+    ("sweep bad policy", ["sweep", "one_touch", "-p", "lru,bogus", "--out", "{tmp}/s3"],
+     "unknown policy"),
+    ("sweep other spec", ["sweep", "one_touch", "--seeds", "2", "--out", "{tmp}/store"],
+     "another spec"),
+    ("report not a store", ["report", "{tmp}/busy"], "not a results store"),
+    ("regress not a store", ["regress", "{tmp}/busy"], "not a results store"),
+    ("regress tol", ["regress", "{tmp}/store", "--tol", "hit_ratio=x"], "expected a number"),
+    ("regress tol metric", ["regress", "{tmp}/store", "--tol", "colour=1"], "not a compared"),
+    ("spec file toml", ["sweep", "--spec", "{tmp}/broken.toml", "--out", "{tmp}/s4"],
+     "not valid TOML"),
+    ("reproduce seeds", ["reproduce", "--seeds", "0", "--out", "{tmp}/r"], "--seeds"),
+    ("import missing file", ["trace", "import", "mooncake", "{tmp}/nothing.jsonl",
+                             "{tmp}/o.parquet"], "no such file"),
+    ("import bad json", ["trace", "import", "mooncake", "{tmp}/bad.jsonl", "{tmp}/o.parquet"],
+     "line 2"),
+]
+
+
+@pytest.fixture(scope="module")
+def tmp(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad")
+    (d / "zero.toml").write_text(GOOD_PROFILE.format(a=0, b=0, c=0, d=0))
+    (d / "inf.toml").write_text(GOOD_PROFILE.format(a="inf", b=0, c=0, d=0))
+    (d / "huge.toml").write_text(GOOD_PROFILE.format(a="1e300", b=0, c=0, d=0))
+    (d / "neg.toml").write_text(GOOD_PROFILE.format(a=-1, b=0, c=0, d=0))
+    (d / "broken.toml").write_text("name = [\n")
+    (d / "afile").write_text("x")
+    (d / "busy").mkdir()
+    (d / "busy" / "mine.txt").write_text("x")
+    (d / "junk.parquet").write_text("not parquet")
+    (d / "bad.jsonl").write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, '
+                                 '"hash_ids": [1]}\n{"timestamp": 1, \n')
+    r = CliRunner().invoke(main, ["trace", "generate", "one_touch", str(d / "good.parquet"),
+                                  "--set", "duration_s=8"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    good = read_trace(d / "good.parquet")
+
+    def variant(name, edit):
+        import dataclasses
+
+        df = good.requests.copy()
+        t = dataclasses.replace(good, requests=df)
+        res = edit(t)
+        t = t if res is None else res
+        _write_unchecked(t, d / f"{name}.parquet")
+
+    variant("empty", lambda t: _replace(t, requests=t.requests.iloc[0:0]))
+    variant("negseed", lambda t: _replace(t, seed=-5))
+    variant("negprefix", lambda t: t.requests.__setitem__("prefix_id", -1))
+    variant("dupid", lambda t: t.requests.__setitem__("request_id", 7))
+    variant("decreasing", lambda t: t.requests.__setitem__(
+        "arrival_s", t.requests["arrival_s"].to_numpy()[::-1].copy()))
+    variant("zeroout", lambda t: t.requests.__setitem__("output_tokens", 0))
+    variant("badrole", lambda t: t.requests.__setitem__("role", "villain"))
+    variant("unmeasured", lambda t: t.requests.__setitem__("measured", False))
+    r = CliRunner().invoke(main, ["sweep", "one_touch", "--seeds", "1", "-p", "lru",
+                                  "--set", "duration_s=4", "--executor", "inprocess",
+                                  "--no-report", "--out", str(d / "store")],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return d
+
+
+def _replace(t, **kw):
+    import dataclasses
+
+    return dataclasses.replace(t, **kw)
+
+
+def _write_unchecked(trace, path):
+    """Write a trace without validating it (to make files that must be rejected on reading)."""
+    from prefixshield.traces import io
+
+    orig = type(trace).validate
+    try:
+        type(trace).validate = lambda self, source="": self
+        io.write_trace(trace, path)
+    finally:
+        type(trace).validate = orig
+
+
+@pytest.mark.parametrize("name, args, words", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_gets_one_clear_error(tmp, name, args, words):
+    argv = [a.replace("{tmp}", str(tmp)) for a in args]
+    r = CliRunner().invoke(main, argv)
+    assert r.exit_code != 0, f"{name}: exit 0\n{r.output}"
+    assert r.exception is None or isinstance(r.exception, SystemExit), \
+        f"{name}: traceback {r.exception!r}\n{r.output}"
+    assert "Traceback" not in r.output
+    text = " ".join(r.output.split())
+    assert words in text, f"{name}: {words!r} not in\n{r.output}"
+    assert ".tmp" not in text, f"{name}: a temp name reached the message"
+
+
+def test_the_table_is_large():
+    assert len(CASES) >= 43
+
+
+def test_group_names_do_not_become_spreadsheet_formulas(tmp, tmp_path):
+    import dataclasses
+
+    good = read_trace(tmp / "good.parquet")
+    df = good.requests.copy()
+    df["group"] = df["group"].replace({"victim": "=cmd|'/c calc'!A0"})
+    meta = json.loads(json.dumps(good.meta))
+    meta["tenants"]["groups"] = ["=cmd|'/c calc'!A0" if g == "victim" else g
+                                 for g in meta["tenants"]["groups"]]
+    write_trace(dataclasses.replace(good, requests=df, meta=meta), tmp_path / "evil.parquet")
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["run", str(tmp_path / "evil.parquet"), "-p", "lru", "--out",
+                                  str(out)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    for name in ("groups.csv", "evictions.csv"):
+        text = (out / "lru" / name).read_text()
+        assert "'=cmd" in text and "\n=cmd" not in text and ",=cmd" not in text
+
+
+def test_outputs_are_ordinary_files(tmp, tmp_path):
+    out = tmp_path / "o"
+    r = CliRunner().invoke(main, ["run", str(tmp / "good.parquet"), "-p", "lru", "--out",
+                                  str(out)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_file()}
+    assert len(set(modes.values())) == 1, modes
+    assert all(m & 0o044 for m in modes.values()), modes
