@@ -406,19 +406,64 @@ def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, 
 @click.argument("src", type=click.Path(dir_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Token seed.")
-@click.option("--groups", "num_groups", type=int, default=1, show_default=True,
-              help="Spread requests round-robin over this many groups.")
+@click.option("--groups", "num_groups", type=POSITIVE, default=1, show_default=True,
+              help="Spread requests over this many groups (see --assign).")
+@click.option("--assign", type=click.Choice(["round_robin", "prefix"]), default="round_robin",
+              show_default=True,
+              help="mooncake: round-robin over records, or by prefix root (first hash id mod "
+                   "groups: requests that share a first block stay together).")
+@click.option("--time-scale", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True,
+              help="mooncake, azure: multiply arrival times (2 = half the request rate).")
+@click.option("--limit", type=POSITIVE, default=None, help="Import only the first N records.")
+@click.option("--warmup-s", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Requests arriving before this many seconds are not measured.")
+@click.option("--system-prompt-tokens", type=click.IntRange(min=0), default=0,
+              show_default=True,
+              help="azure, sharegpt: a shared system prompt of this many tokens per group at the "
+                   "head of every prompt (Azure's prompts are otherwise all unique).")
+@click.option("--max-prompt-tokens", type=POSITIVE, default=None,
+              help="Longest prompt kept (tokens); longer requests are handled by --over. Use "
+                   "it to fit a trace to a pool: (blocks - 1) x block size minus the output.")
+@click.option("--over", type=click.Choice(["drop", "clip"]), default="drop", show_default=True,
+              help="With --max-prompt-tokens: drop longer requests, or keep their first tokens.")
 @_user_errors
-def trace_import(fmt, src, out, seed, num_groups):
-    """Convert an external trace SRC (Mooncake JSONL, ShareGPT JSON, Azure CSV) to OUT."""
+def trace_import(fmt, src, out, seed, num_groups, assign, time_scale, limit, warmup_s,
+                 system_prompt_tokens, max_prompt_tokens, over):
+    """Convert an external trace SRC (Mooncake JSONL, ShareGPT JSON, Azure CSV; plain or
+    gzip-compressed, with or without a UTF-8 byte-order mark) to OUT."""
     from prefixshield.traces import importers
     from prefixshield.traces.io import write_trace
 
-    fn = {"mooncake": importers.import_mooncake, "sharegpt": importers.import_sharegpt,
-          "azure": importers.import_azure}[fmt]
-    tr = fn(src, seed=seed, num_groups=num_groups)
+    common = dict(seed=seed, num_groups=num_groups, warmup_s=warmup_s, limit=limit)
+    if fmt == "mooncake":
+        if system_prompt_tokens:
+            raise click.BadParameter("mooncake traces carry their own prefixes (hash_ids)",
+                                     param_hint="--system-prompt-tokens")
+        tr = importers.import_mooncake(src, assign=assign, time_scale=time_scale, **common)
+    else:
+        if assign != "round_robin":
+            raise click.BadParameter(f"{fmt} traces have no prefix roots to assign by",
+                                     param_hint="--assign")
+        if fmt == "azure":
+            tr = importers.import_azure(src, time_scale=time_scale,
+                                        system_prompt_tokens=system_prompt_tokens, **common)
+        else:
+            if time_scale != 1.0:
+                raise click.BadParameter("sharegpt has no timestamps to scale (arrivals are "
+                                         "drawn)", param_hint="--time-scale")
+            tr = importers.import_sharegpt(src, system_prompt_tokens=system_prompt_tokens,
+                                           **common)
+    note = ""
+    if max_prompt_tokens is not None:
+        from prefixshield.traces.transform import limit_request_tokens
+
+        tr = limit_request_tokens(tr, max_prompt_tokens, over)
+        n = tr.meta["limit"]["requests_affected"]
+        note = (f" ({n} prompts over {max_prompt_tokens} tokens "
+                f"{'dropped' if over == 'drop' else 'clipped'})")
     write_trace(tr, out)
-    console.print(f"imported {len(tr)} requests from {src} to {out}")
+    console.print(f"imported {len(tr)} requests from {src} to {out}{note}")
 
 
 @trace.command("inspect")

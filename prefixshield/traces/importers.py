@@ -67,6 +67,64 @@ def _check_common(path: Path, groups: Sequence[str] | None, num_groups: int | No
     return groups
 
 
+def open_text(path: Path, newline: str | None = None):
+    """Open a trace file for reading text: gzip-compressed files (by their magic bytes, whatever
+    the name) are decompressed on the fly and a UTF-8 byte-order mark is skipped. Bytes that are
+    not UTF-8 raise :class:`TraceError` naming the file (see :func:`read_text`)."""
+    with open(path, "rb") as raw:
+        magic = raw.read(2)
+    if magic == b"\x1f\x8b":
+        import gzip
+
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline=newline)
+    return open(path, encoding="utf-8-sig", newline=newline)
+
+
+def read_text(path: Path) -> str:
+    """The whole text of ``path`` (gzip and BOM as :func:`open_text`); errors name the file."""
+    with open_text(path) as f:
+        return _decoded(path, f.read)
+
+
+def _decoded(path: Path, fn):
+    try:
+        return fn()
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); expected a "
+                         "UTF-8 or gzip-compressed UTF-8 file") from None
+    except (EOFError, OSError) as e:  # a truncated or corrupt gzip stream
+        raise TraceError(f"{path}: cannot read: {e}") from None
+
+
+def _lines(path: Path, f):
+    """``enumerate(f, start=1)`` that turns decoding errors into :class:`TraceError`."""
+    it = iter(f)
+    lineno = 0
+    while True:
+        lineno += 1
+        line = _decoded(path, lambda: next(it, None))
+        if line is None:
+            return
+        yield lineno, line
+
+
+class _DecodingLines:
+    """An iterator over a text file's lines for ``csv.reader`` whose decoding errors name the
+    file (the reader counts lines itself)."""
+
+    def __init__(self, path: Path, f) -> None:
+        self.path, self.f = path, f
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        line = _decoded(self.path, lambda: next(self.f, None))
+        if line is None:
+            raise StopIteration
+        return line
+
+
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -118,8 +176,8 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
     if assign not in ("round_robin", "prefix"):
         raise ValueError(f"assign must be 'round_robin' or 'prefix', got {assign!r}")
     ts, inp, out, hashes, lines = [], [], [], [], []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open_text(path) as f:
+        for lineno, line in _lines(path, f):
             if limit is not None and len(ts) >= limit:
                 break
             if not line.strip():
@@ -215,8 +273,8 @@ def import_azure(path: str | os.PathLike, *, groups: Sequence[str] | None = None
     groups = _check_common(path, groups, num_groups, role, time_scale)
     if system_prompt_tokens < 0:
         raise ValueError(f"system_prompt_tokens must be >= 0, got {system_prompt_tokens}")
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f)
+    with open_text(path, newline="") as f:
+        reader = csv.reader(_DecodingLines(path, f))
         try:
             header = next(reader)
         except StopIteration:
@@ -393,10 +451,7 @@ def parse_sharegpt(path: str | os.PathLike, *, chars_per_token: float = 4.0,
         raise TraceError(f"{path}: no such file")
     if not path.is_file():
         raise TraceError(f"{path}: not a file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise TraceError(f"{path}: not UTF-8 text ({e})") from None
+    text = read_text(path)
     known = sorted(USER_ROLES | ASSISTANT_ROLES)
     convs: list[tuple[str, list[tuple[bool, int]]]] = []
     n_records = 0
