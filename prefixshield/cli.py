@@ -408,10 +408,16 @@ def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, 
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Token seed.")
 @click.option("--groups", "num_groups", type=POSITIVE, default=1, show_default=True,
               help="Spread requests over this many groups (see --assign).")
-@click.option("--assign", type=click.Choice(["round_robin", "prefix"]), default="round_robin",
-              show_default=True,
-              help="mooncake: round-robin over records, or by prefix root (first hash id mod "
-                   "groups: requests that share a first block stay together).")
+@click.option("--assign", type=click.Choice(["round_robin", "session", "prefix", "zipf", "map"]),
+              default="round_robin", show_default=True,
+              help="Tenant model: round_robin (records in file order); session (keep a "
+                   "conversation, or a Mooncake prefix root, in one group); prefix (Mooncake: "
+                   "first hash id mod groups); zipf (units to groups with shares 1/(g+1)^skew: "
+                   "heterogeneous tenants); map (--tenant-map CSV record,group[,contract]).")
+@click.option("--tenant-skew", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True, help="--assign zipf: the exponent of the group shares.")
+@click.option("--tenant-map", type=click.Path(dir_okay=False), default=None,
+              help="--assign map: CSV with columns record,group[,contract].")
 @click.option("--time-scale", type=click.FloatRange(min=0, min_open=True), default=1.0,
               show_default=True,
               help="mooncake, azure: multiply arrival times (2 = half the request rate).")
@@ -428,23 +434,22 @@ def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, 
 @click.option("--over", type=click.Choice(["drop", "clip"]), default="drop", show_default=True,
               help="With --max-prompt-tokens: drop longer requests, or keep their first tokens.")
 @_user_errors
-def trace_import(fmt, src, out, seed, num_groups, assign, time_scale, limit, warmup_s,
-                 system_prompt_tokens, max_prompt_tokens, over):
+def trace_import(fmt, src, out, seed, num_groups, assign, tenant_skew, tenant_map, time_scale,
+                 limit, warmup_s, system_prompt_tokens, max_prompt_tokens, over):
     """Convert an external trace SRC (Mooncake JSONL, ShareGPT JSON, Azure CSV; plain or
     gzip-compressed, with or without a UTF-8 byte-order mark) to OUT."""
     from prefixshield.traces import importers
     from prefixshield.traces.io import write_trace
 
-    common = dict(seed=seed, num_groups=num_groups, warmup_s=warmup_s, limit=limit)
+    common = dict(seed=seed, warmup_s=warmup_s, limit=limit, assign=assign,
+                  tenant_skew=tenant_skew, tenant_map=tenant_map,
+                  num_groups=None if assign == "map" and num_groups == 1 else num_groups)
     if fmt == "mooncake":
         if system_prompt_tokens:
             raise click.BadParameter("mooncake traces carry their own prefixes (hash_ids)",
                                      param_hint="--system-prompt-tokens")
-        tr = importers.import_mooncake(src, assign=assign, time_scale=time_scale, **common)
+        tr = importers.import_mooncake(src, time_scale=time_scale, **common)
     else:
-        if assign != "round_robin":
-            raise click.BadParameter(f"{fmt} traces have no prefix roots to assign by",
-                                     param_hint="--assign")
         if fmt == "azure":
             tr = importers.import_azure(src, time_scale=time_scale,
                                         system_prompt_tokens=system_prompt_tokens, **common)

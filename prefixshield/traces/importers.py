@@ -47,6 +47,130 @@ def group_names(num_groups: int) -> list[str]:
     return ["default"] if num_groups == 1 else [f"group{i}" for i in range(num_groups)]
 
 
+TENANT_MODELS = ("round_robin", "session", "prefix", "zipf", "map")
+"""How an importer assigns records to groups (tenants) when the trace names none:
+
+- ``round_robin``: record i (conversation i for ShareGPT) to group ``i mod G``, in file order;
+- ``session``: keep what belongs together in one group: a ShareGPT conversation's turns
+  (ShareGPT's only unit), a Mooncake prefix root (Mooncake has no session ids: requests that share
+  their first 512-token block are one "session"); Azure has neither;
+- ``prefix``: by prefix root, ``first hash id mod G`` (Mooncake);
+- ``zipf``: heterogeneous tenants: each unit (conversation, prefix root, or record for Azure)
+  goes to group g with probability proportional to ``1 / (g + 1) ** tenant_skew`` (seeded), so
+  tenant 0 sends the most and the last the least;
+- ``map``: an explicit CSV ``record,group`` (0-based record index in file order, a record being a
+  line, a CSV row, or a ShareGPT conversation; every record listed once; a ``contract`` column,
+  if present, sets each group's contract).
+"""
+
+
+def assign_tenants(model: str, units: np.ndarray, groups: Sequence[str], seed: int,
+                   tenant_skew: float = 1.0, mapping=None) -> np.ndarray:
+    """Group index of every record under tenant ``model`` (see :data:`TENANT_MODELS`).
+
+    Args:
+        units: per record, the key of what must stay together (record index, conversation,
+            prefix root); records with equal keys get the same group.
+        groups: the group names (G of them).
+        seed: seed of the ``zipf`` draw (one stream, independent of token ids).
+        tenant_skew: ``zipf`` exponent (> 0; larger: more skewed).
+        mapping: for ``map``: the per-record group indices (see :func:`read_tenant_map`).
+    """
+    G = len(groups)
+    units = np.asarray(units, dtype=np.int64)
+    if model == "map":
+        if mapping is None or len(mapping) != len(units):
+            raise ValueError("the map tenant model needs one group per record "
+                             f"({len(units)} records, {0 if mapping is None else len(mapping)} "
+                             "mapped)")
+        return np.asarray(mapping, dtype=np.int64)
+    keys, inverse = np.unique(units, return_inverse=True)
+    if model in ("round_robin", "session", "prefix"):
+        # units in order of first appearance, dealt round-robin (prefix: by key value)
+        if model == "prefix":
+            return (units % G).astype(np.int64)
+        first = np.full(len(keys), len(units), dtype=np.int64)
+        np.minimum.at(first, inverse, np.arange(len(units)))
+        rank = np.argsort(np.argsort(first, kind="stable"), kind="stable")
+        return (rank[inverse] % G).astype(np.int64)
+    if model == "zipf":
+        if not (math.isfinite(tenant_skew) and tenant_skew > 0):
+            raise ValueError(f"tenant_skew must be a finite number > 0, got {tenant_skew}")
+        w = 1.0 / np.arange(1, G + 1, dtype=np.float64) ** tenant_skew
+        rng = np.random.default_rng([int(seed), 11])
+        return rng.choice(G, size=len(keys), p=w / w.sum())[inverse].astype(np.int64)
+    raise ValueError(f"unknown tenant model {model!r}; known: {', '.join(TENANT_MODELS)}")
+
+
+def read_tenant_map(path: str | os.PathLike, num_records: int, groups: list[str] | None = None
+                    ) -> tuple[list[str], np.ndarray, dict[str, str]]:
+    """Read a ``record,group[,contract]`` CSV: the group names (in order of first use, or
+    ``groups``), the group index of each of ``num_records`` records, and the contract given to
+    each group (one per group). Errors name the file, the line and the field."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such tenant map")
+    names: list[str] = list(groups or [])
+    index = {g: i for i, g in enumerate(names)}
+    out = np.full(num_records, -1, dtype=np.int64)
+    contracts: dict[str, str] = {}
+    with open_text(path, newline="") as f:
+        reader = csv.DictReader(_DecodingLines(path, f))
+        if reader.fieldnames is None or not {"record", "group"} <= set(reader.fieldnames):
+            raise TraceError(f"{path}: line 1: expected a header with columns record,group "
+                             f"[,contract], got {reader.fieldnames}")
+        for row in reader:
+            where = f"{path}: line {reader.line_num}"
+            try:
+                r = int(row["record"])
+            except (TypeError, ValueError):
+                raise TraceError(f"{where}: field record: expected an integer, got "
+                                 f"{row['record']!r}") from None
+            if not 0 <= r < num_records:
+                raise TraceError(f"{where}: field record: {r} is not a record of the trace "
+                                 f"(0..{num_records - 1})")
+            if out[r] >= 0:
+                raise TraceError(f"{where}: field record: record {r} is mapped twice")
+            g = (row["group"] or "").strip()
+            if not g:
+                raise TraceError(f"{where}: field group: empty")
+            if g not in index:
+                if groups:
+                    raise TraceError(f"{where}: field group: {g!r} is not one of {groups}")
+                index[g] = len(names)
+                names.append(g)
+            out[r] = index[g]
+            c = (row.get("contract") or "").strip()
+            if c:
+                if contracts.setdefault(g, c) != c:
+                    raise TraceError(f"{where}: field contract: group {g!r} is on "
+                                     f"{contracts[g]!r} already, got {c!r} (one contract a "
+                                     "group)")
+    missing = np.flatnonzero(out < 0)
+    if missing.size:
+        raise TraceError(f"{path}: record {int(missing[0])} is not mapped ({missing.size} of "
+                         f"{num_records} records are not)")
+    return names, out, contracts
+
+
+def _tenants(model: str, session_units: np.ndarray, record_units: np.ndarray,
+             groups: list[str], seed: int, tenant_skew: float, tenant_map
+             ) -> tuple[list[str], np.ndarray, dict[str, str]]:
+    """(group names, group index per record, contract per group given) of a tenant model; the
+    ``session``/``prefix``/``zipf`` models group ``session_units``, ``round_robin`` deals
+    ``record_units``."""
+    if model == "map":
+        if tenant_map is None:
+            raise ValueError("--assign map needs --tenant-map FILE")
+        names, idx, contracts = read_tenant_map(tenant_map, len(record_units),
+                                                groups if len(groups) > 1 else None)
+        return names, idx, contracts
+    if tenant_map is not None:
+        raise ValueError("--tenant-map is for --assign map")
+    units = record_units if model == "round_robin" else session_units
+    return groups, assign_tenants(model, units, groups, seed, tenant_skew), {}
+
+
 def _check_common(path: Path, groups: Sequence[str] | None, num_groups: int | None, role: str,
                   time_scale: float) -> list[str]:
     if not path.exists():
@@ -144,7 +268,8 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
                     role: str = "benign", block_tokens: int = MOONCAKE_BLOCK_TOKENS,
                     seed: int = 0, vocab_size: int = DEFAULT_VOCAB_SIZE,
                     time_scale: float = 1.0, warmup_s: float = 0.0,
-                    limit: int | None = None) -> Trace:
+                    limit: int | None = None, tenant_skew: float = 1.0,
+                    tenant_map: str | os.PathLike | None = None) -> Trace:
     """Import a Mooncake JSONL trace.
 
     Each line ``{"timestamp": ms, "input_length": tokens, "output_length": tokens,
@@ -157,7 +282,9 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
         path: the JSONL file; blank lines are allowed and ignored.
         groups: group names (None: :func:`group_names` of ``num_groups``); see ``assign``.
         num_groups: number of groups when ``groups`` is None (default 1: ``"default"``).
-        assign: ``"round_robin"`` over lines, or ``"prefix"`` (``prefix_id % len(groups)``).
+        assign: a tenant model (:data:`TENANT_MODELS`): ``round_robin`` over records,
+            ``session``/``prefix`` by prefix root (the first hash id), ``zipf`` (prefix roots
+            to skewed tenants, ``tenant_skew``), ``map`` (``tenant_map`` CSV).
         contract, role: of every request.
         block_tokens: tokens per hash id (512 in every Mooncake release).
         seed, vocab_size: token seed and vocabulary of the trace.
@@ -173,8 +300,8 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
     """
     path = Path(path)
     groups = _check_common(path, groups, num_groups, role, time_scale)
-    if assign not in ("round_robin", "prefix"):
-        raise ValueError(f"assign must be 'round_robin' or 'prefix', got {assign!r}")
+    if assign not in TENANT_MODELS:
+        raise ValueError(f"assign must be one of {', '.join(TENANT_MODELS)}, got {assign!r}")
     ts, inp, out, hashes, lines = [], [], [], [], []
     with open_text(path) as f:
         for lineno, line in _lines(path, f):
@@ -226,17 +353,20 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
     arrival = (t_ms - t_ms.min()) / 1000.0 * time_scale
     order = np.argsort(arrival, kind="stable")
     resorted = bool(np.any(order != np.arange(len(order))))
+    roots = np.array([int(h[0]) for h in hashes], dtype=np.int64)
+    groups, gidx, contracts = _tenants(assign, roots, np.arange(len(ts)), groups, seed,
+                                       tenant_skew, tenant_map)
     rows = RequestRows()
     for i in order:
         h = hashes[i]
         lens = np.full(len(h), block_tokens, dtype=np.int64)
         lens[-1] = inp[i] - (len(h) - 1) * block_tokens
         prefix_id = int(h[0])
-        g = groups[(i if assign == "round_robin" else prefix_id) % len(groups)]
-        rows.add([arrival[i]], g, contract, role, prefix_id, arrival[i] >= warmup_s, out[i],
-                 [h], [lens])
+        g = groups[gidx[i]]
+        rows.add([arrival[i]], g, contracts.get(g, contract), role,
+                 prefix_id, arrival[i] >= warmup_s, out[i], [h], [lens])
     meta = {"importer": "mooncake", "source": path.name, "records": len(ts),
-            "groups": groups, "assign": assign, "contract": contract, "role": role,
+            "groups": groups, "assign": assign, "tenant_skew": tenant_skew, "contract": contract, "role": role,
             "block_tokens": block_tokens, "time_scale": time_scale, "warmup_s": warmup_s,
             "limit": limit, "resorted": resorted}
     return rows.finish(seed, vocab_size, meta)
@@ -253,7 +383,8 @@ def import_azure(path: str | os.PathLike, *, groups: Sequence[str] | None = None
                  num_groups: int | None = None, contract: str = "standard", role: str = "benign",
                  system_prompt_tokens: int = 0, seed: int = 0,
                  vocab_size: int = DEFAULT_VOCAB_SIZE, time_scale: float = 1.0,
-                 warmup_s: float = 0.0, limit: int | None = None) -> Trace:
+                 warmup_s: float = 0.0, limit: int | None = None, assign: str = "round_robin",
+                 tenant_skew: float = 1.0, tenant_map: str | os.PathLike | None = None) -> Trace:
     """Import an Azure LLM inference trace (CSV ``TIMESTAMP,ContextTokens,GeneratedTokens``).
 
     Arrivals are seconds after the earliest timestamp (times ``time_scale``). Each prompt has
@@ -261,8 +392,10 @@ def import_azure(path: str | os.PathLike, *, groups: Sequence[str] | None = None
     the group's shared system-prompt segment (when ``system_prompt_tokens > 0``; a shorter
     prompt uses a prefix of it), the rest a unique segment. ``output_tokens`` =
     ``GeneratedTokens``. prefix_id = 0 (the system prompt) when ``system_prompt_tokens > 0``,
-    else the record index. Requests are assigned round-robin (in file order) to ``groups``, or
-    to :func:`group_names` of ``num_groups`` (default: the single group ``"default"``).
+    else the record index. Requests are assigned to ``groups`` (or :func:`group_names` of
+    ``num_groups``; default: the single group ``"default"``) by the tenant model ``assign``:
+    ``round_robin`` (file order), ``zipf`` (records to skewed tenants) or ``map``; Azure has no
+    sessions or prefixes to keep together.
 
     Raises:
         TraceError: ``<file>: line N: field F: ...`` for a missing column, a row with the wrong
@@ -328,8 +461,15 @@ def import_azure(path: str | os.PathLike, *, groups: Sequence[str] | None = None
     order = np.argsort(arrival, kind="stable")
     resorted = bool(np.any(order != np.arange(len(order))))
     ctx, gen = tokens["ContextTokens"], tokens["GeneratedTokens"]
+    if assign in ("session", "prefix"):
+        raise ValueError(f"--assign {assign}: Azure traces have no sessions or prefixes; use "
+                         "round_robin, zipf or map")
+    if assign not in TENANT_MODELS:
+        raise ValueError(f"assign must be one of {', '.join(TENANT_MODELS)}, got {assign!r}")
+    records = np.arange(len(ctx))
+    groups, gidx, contracts = _tenants(assign, records, records, groups, seed, tenant_skew,
+                                       tenant_map)
     rows = RequestRows()
-    gidx = np.arange(len(ctx)) % len(groups)
     for gi, g in enumerate(groups):
         sel = order[gidx[order] == gi]
         if not sel.size:
@@ -350,9 +490,10 @@ def import_azure(path: str | os.PathLike, *, groups: Sequence[str] | None = None
                 ids.append([uniq[j]])
                 lens.append([c])
         pid = np.zeros(len(sel), dtype=np.int64) if system_prompt_tokens > 0 else sel
-        rows.add(arrival[sel], g, contract, role, pid, arrival[sel] >= warmup_s, gen[sel],
+        rows.add(arrival[sel], g, contracts.get(g, contract), role, pid, arrival[sel] >= warmup_s, gen[sel],
                  ids, lens)
     meta = {"importer": "azure", "source": path.name, "records": len(lines), "groups": groups,
+            "assign": assign, "tenant_skew": tenant_skew,
             "contract": contract, "role": role, "system_prompt_tokens": system_prompt_tokens,
             "time_scale": time_scale, "warmup_s": warmup_s, "limit": limit,
             "resorted": resorted}
@@ -534,11 +675,15 @@ def import_sharegpt(path: str | os.PathLike, *, groups: Sequence[str] | None = N
                     max_conversation_tokens: int | None = None,
                     chars_per_token: float = 4.0, seed: int = 0,
                     vocab_size: int = DEFAULT_VOCAB_SIZE, warmup_s: float = 0.0,
-                    limit: int | None = None) -> Trace:
+                    limit: int | None = None, assign: str = "round_robin",
+                    tenant_skew: float = 1.0,
+                    tenant_map: str | os.PathLike | None = None) -> Trace:
     """Import ShareGPT JSON conversations as multi-turn requests (as the ``sharegpt`` workload).
 
     Turns come from :func:`parse_sharegpt`. Every conversation is used once, in file order,
-    assigned to ``groups`` round-robin; conversation starts are Poisson at ``base_rate``
+    assigned whole to one of ``groups`` by the tenant model ``assign`` (``round_robin`` and
+    ``session``: conversation i to group i mod G; ``zipf``: conversations to skewed tenants;
+    ``map``: records are conversations); conversation starts are Poisson at ``base_rate``
     (conversations/s) and turn k+1 arrives ``min_think_time_s + Exponential(think_time_s)``
     seconds after turn k (ShareGPT has no timestamps; both drawn from ``seed``). Turn k's
     prompt = group system prompt (if ``system_prompt_tokens > 0``) + all earlier user and
@@ -569,17 +714,29 @@ def import_sharegpt(path: str | os.PathLike, *, groups: Sequence[str] | None = N
     n_turns = int(sum(len(u) for u, _ in convs))
     gaps = min_think_time_s + (rng.exponential(think_time_s, size=n_turns)
                                if think_time_s > 0 else np.zeros(n_turns))
+    if assign == "prefix":
+        raise ValueError("--assign prefix: ShareGPT conversations are their own prefixes; use "
+                         "session (the same as round_robin), zipf or map")
+    if assign not in TENANT_MODELS:
+        raise ValueError(f"assign must be one of {', '.join(TENANT_MODELS)}, got {assign!r}")
+    conv_ids = np.arange(len(convs))
+    groups, group_of, contracts = _tenants(assign, conv_ids, conv_ids, groups, seed,
+                                           tenant_skew, tenant_map)
+    if contracts and len(set(contracts.values()) | {contract}) > 1:
+        raise ValueError("per-group contracts in a tenant map are not supported for ShareGPT "
+                         "imports; give --contract")
     rows = RequestRows()
     n_rows = add_conversations(rows, convs=convs, starts=starts,
-                               group_of=np.arange(len(convs)) % len(groups), groups=groups,
-                               contract=contract, role=role,
+                               group_of=group_of, groups=groups,
+                               contract=next(iter(contracts.values()), contract), role=role,
                                system_prompt_tokens=system_prompt_tokens, gaps=gaps,
                                horizon_s=math.inf, warmup_s=warmup_s,
                                conversation_ids=np.arange(len(convs)))
     if n_rows == 0:
         raise TraceError(f"{path}: no complete turn to import")
     meta = {"importer": "sharegpt", "source": path.name, **stats, "requests": n_rows,
-            "conversations_over_cap": dropped, "groups": groups, "contract": contract,
+            "conversations_over_cap": dropped, "groups": groups, "assign": assign,
+            "tenant_skew": tenant_skew, "contract": contract,
             "role": role, "base_rate": base_rate, "think_time_s": think_time_s,
             "min_think_time_s": min_think_time_s, "system_prompt_tokens": system_prompt_tokens,
             "max_conversation_tokens": max_conversation_tokens,

@@ -71,7 +71,7 @@ def test_import_cli_passes_every_option(tmp_path):
     assert r.exit_code == 0, r.output
     assert read_trace(out).meta["system_prompt_tokens"] == 256
     for args, words in ((["sharegpt", "--time-scale", "2"], "no timestamps"),
-                        (["azure", "--assign", "prefix"], "no prefix roots"),
+                        (["azure", "--assign", "prefix"], "no sessions or prefixes"),
                         (["mooncake", "--system-prompt-tokens", "5"], "own prefixes")):
         src = {"azure": AZURE, "mooncake": MOONCAKE}.get(args[0], MOONCAKE)
         r = CliRunner().invoke(main, ["trace", "import", args[0], str(src), str(out), *args[1:]])
@@ -96,3 +96,89 @@ def test_clipping_keeps_each_prompt_head_and_shared_prefixes(tmp_path):
     assert dropped.meta["limit"]["requests_affected"] == int((lengths > cap).sum())
     with pytest.raises(ValueError, match="mode"):
         limit_request_tokens(tr, cap, "trim")
+
+
+# ------------------------------------------------------------------------------ tenant models
+def _infinite_cache_cached(trace):
+    from prefixshield.experiments.single import RunSpec, run_policies
+    from prefixshield.simulator.config import EngineConfig
+    from prefixshield.simulator.costmodel import load_profile
+
+    total = int(trace.prompt_lengths().sum() + trace.requests["output_tokens"].sum())
+    spec = RunSpec(workload="t", policies=("lru",), profile=load_profile("l4-qwen2.5-1.5b"),
+                   engine=EngineConfig(num_blocks=total // 16 + len(trace) + 2))
+    rec = run_policies(trace, spec)["lru"].records.sort_values("request_id")
+    return rec["cached_tokens"].to_numpy()
+
+
+def test_session_tenants_keep_shared_prefixes_together_and_round_robin_splits_them():
+    one = importers.import_mooncake(MOONCAKE, limit=400, time_scale=1000.0)
+    session = importers.import_mooncake(MOONCAKE, limit=400, time_scale=1000.0, num_groups=4,
+                                        assign="session")
+    robin = importers.import_mooncake(MOONCAKE, limit=400, time_scale=1000.0, num_groups=4)
+    base = _infinite_cache_cached(one)
+    assert np.array_equal(_infinite_cache_cached(session), base)
+    assert _infinite_cache_cached(robin).sum() < base.sum()
+    roots = session.requests.groupby("prefix_id")["group"].nunique()
+    assert (roots == 1).all() and session.requests["group"].nunique() == 4
+
+
+def test_zipf_tenants_come_out_heterogeneous():
+    tr = importers.import_azure(AZURE, limit=4000, num_groups=4, assign="zipf")
+    share = tr.requests["group"].value_counts(normalize=True).reindex(
+        [f"group{i}" for i in range(4)])
+    assert share.is_monotonic_decreasing and share.iloc[0] > 2.5 * share.iloc[3]
+    conv = importers.import_sharegpt(DATA / "sharegpt" /
+                                     "ShareGPT_V3_unfiltered_cleaned_split.first570.json",
+                                     num_groups=3, assign="zipf", tenant_skew=2.0)
+    per_conv = conv.requests.groupby("prefix_id")["group"].nunique()
+    assert (per_conv == 1).all()  # a conversation stays in one tenant
+    counts = conv.requests.groupby("group")["prefix_id"].nunique()
+    assert counts["group0"] > 2 * counts["group2"]
+
+
+def test_a_tenant_map_names_groups_and_contracts(tmp_path):
+    m = tmp_path / "map.csv"
+    m.write_text("record,group,contract\n" + "".join(
+        f"{i},{'gold' if i % 5 == 0 else 'bronze'},{'critical' if i % 5 == 0 else 'best_effort'}\n"
+        for i in range(60)))
+    tr = importers.import_azure(AZURE, limit=60, assign="map", tenant_map=m)
+    assert tr.group_names() == ["gold", "bronze"]
+    df = tr.requests
+    assert set(zip(df["group"], df["contract"])) == {("gold", "critical"),
+                                                     ("bronze", "best_effort")}
+    bad = tmp_path / "bad.csv"
+    bad.write_text("record,group\n0,a\n0,b\n")
+    with pytest.raises(TraceError, match=r"bad.csv: line 3: field record: record 0 is mapped "
+                                         "twice"):
+        importers.import_azure(AZURE, limit=2, assign="map", tenant_map=bad)
+    short = tmp_path / "short.csv"
+    short.write_text("record,group\n0,a\n")
+    with pytest.raises(TraceError, match="record 1 is not mapped"):
+        importers.import_azure(AZURE, limit=2, assign="map", tenant_map=short)
+
+
+@pytest.mark.parametrize("fmt, src, assign", [
+    ("mooncake", MOONCAKE, "round_robin"), ("mooncake", MOONCAKE, "session"),
+    ("mooncake", MOONCAKE, "prefix"), ("mooncake", MOONCAKE, "zipf"),
+    ("azure", AZURE, "round_robin"), ("azure", AZURE, "zipf"),
+])
+def test_shipped_samples_import_with_each_tenant_model_and_run_under_every_policy(
+        tmp_path, fmt, src, assign):
+    out = tmp_path / "t.parquet"
+    args = ["trace", "import", fmt, str(src), str(out), "--groups", "4", "--assign", assign,
+            "--limit", "150", "--max-prompt-tokens", "30000"]
+    if fmt == "azure":
+        args += ["--system-prompt-tokens", "256"]
+    r = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["run", str(out), "-p", "all", "--blocks", "4096",
+                                  "--out", str(tmp_path / "res")], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    import pandas as pd
+
+    summary = pd.read_csv(tmp_path / "res" / "summary.csv")
+    assert sorted(summary["policy"]) == ["lru", "prefixshield", "s3fifo", "static_quota"]
+    ok = summary[summary["status"] == "ok"]
+    assert {"lru", "prefixshield", "s3fifo"} <= set(ok["policy"])
+    assert np.isfinite(ok["token_hit_ratio"]).all()
