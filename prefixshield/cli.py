@@ -153,9 +153,15 @@ def _workload_options(fn):
               help="With --out: write comparison.png.")
 @click.option("--check-invariants", is_flag=True,
               help="Verify the block pool's invariants after every step (slow).")
+@click.option("--scale-to-engine", "scale_to_load", type=click.FloatRange(0, 10, min_open=True),
+              default=None, metavar="LOAD",
+              help="Trace files: rescale arrival times (one factor) so the trace's mean rate is "
+                   "LOAD x C_prefill of this profile and engine, measured with the trace's own "
+                   "request shapes (order, burstiness and prefixes kept; gaps scaled).")
 @_user_errors
 def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
-        max_num_batched_tokens, profile, seed, alpha, overrides, out_dir, plot, check_invariants):
+        max_num_batched_tokens, profile, seed, alpha, overrides, out_dir, plot, check_invariants,
+        scale_to_load):
     """Simulate WORKLOAD under one or more policies and print a summary table.
 
     WORKLOAD is a generated workload name or a trace .parquet file (see `prefixshield trace`).
@@ -172,9 +178,15 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, vllm_compat=vllm_compat,
                           check_invariants=check_invariants)
     spec = RunSpec(workload=workload, policies=_policy_names(policies), engine=engine,
-                   profile=load_profile(profile), alpha=alpha, seed=seed, overrides=typed)
+                   profile=load_profile(profile), alpha=alpha, seed=seed, overrides=typed,
+                   scale_to_load=scale_to_load)
     trace, info = build_trace(spec)
     _print_header(workload, trace, spec, info)
+    if "time_factor" in info:
+        console.print(f"arrivals scaled by {info['time_factor']:.3g} to {info['scale_to_load']:g}"
+                      f" x C_prefill {info['c_prefill_req_per_s']:.3g} req/s = "
+                      f"{info['base_rate_req_per_s']:.3g} req/s (measured: "
+                      f"{info['c_prefill_probe']})")
     timings: dict[str, float] = {}
     failures: dict[str, str] = {}
     with console.status("simulating...") as status:

@@ -48,6 +48,10 @@ class RunSpec:
         overrides: workload parameter overrides (typed values).
         contracts: the contract table (name -> entitlement) for the trace's attack sizing and
             the engine's policies; None: ``DEFAULT_CONTRACTS``.
+        scale_to_load: for a trace file: rescale its arrivals so that its mean rate is this
+            fraction of ``C_prefill`` measured on this profile and engine with 32 of the trace's
+            own request shapes (:func:`prefixshield.traces.transform.scale_to_rate` says what
+            that preserves and changes); None: the trace's own times.
     """
 
     workload: str
@@ -58,6 +62,7 @@ class RunSpec:
     seed: int = 0
     overrides: dict[str, Any] = field(default_factory=dict)
     contracts: Mapping[str, Contract] | None = None
+    scale_to_load: float | None = None
 
     def __post_init__(self) -> None:
         for spec in self.policies:
@@ -147,6 +152,11 @@ def build_trace(spec: RunSpec) -> tuple[Trace, dict]:
     """The trace for ``spec`` and a dict saying how it was obtained (written with the results)."""
     if is_trace_file(spec.workload):
         trace, info = read_trace(spec.workload), {"trace_file": str(spec.workload)}
+        if spec.scale_to_load is not None:
+            trace, info = _scale_to_engine(trace, spec, info)
+    elif spec.scale_to_load is not None:
+        raise ValueError("scaling to the engine is for trace files; a generated workload's "
+                         "load is its alpha")
     else:
         p, info = resolve_params(spec)
         trace = WORKLOADS[spec.workload](p)
@@ -183,6 +193,26 @@ def run_policies(trace: Trace, spec: RunSpec,
         if on_done is not None:
             on_done(label, results[label])
     return results
+
+
+def _scale_to_engine(trace: Trace, spec: RunSpec, info: dict) -> tuple[Trace, dict]:
+    from prefixshield.traces.transform import probe_shapes_of, scale_to_rate
+
+    load = spec.scale_to_load
+    if not (load > 0 and load < 10):
+        raise ValueError(f"--scale-to-engine must be a load in (0, 10), got {load}")
+    prompt, output = probe_shapes_of(trace, C_PREFILL_REQUESTS)
+    try:
+        c_prefill = measure_c_prefill(spec.profile.cost, spec.engine, prompt, output)
+    except EngineError as e:
+        raise ValueError(f"cannot measure C_prefill with this trace's request shapes ({e}); "
+                         "use more --blocks or a trace with shorter requests") from None
+    trace, factor = scale_to_rate(trace, load * c_prefill)
+    return trace, {**info, "c_prefill_req_per_s": c_prefill, "scale_to_load": load,
+                   "time_factor": factor, "base_rate_req_per_s": load * c_prefill,
+                   "c_prefill_probe": f"LRU, {C_PREFILL_REQUESTS} of the trace's requests at "
+                                      f"evenly spaced ranks; mean prompt {prompt.mean():.0f}, "
+                                      f"mean output {output.mean():.0f} tokens"}
 
 
 def label_dir(label: str) -> str:

@@ -60,3 +60,38 @@ def limit_request_tokens(trace: Trace, max_prompt_tokens: int, mode: str = "drop
                                     "requests_before": int(len(df))}}
     result = dataclasses.replace(trace, requests=out, meta=meta)
     return result.validate("limit_request_tokens")
+
+
+def scale_to_rate(trace: Trace, rate_req_per_s: float) -> tuple[Trace, float]:
+    """``trace`` with every arrival time multiplied by one factor so that its mean request rate
+    (``(n - 1) / span`` over all requests) is ``rate_req_per_s``; returns the trace and the
+    factor (> 1 slows the trace down).
+
+    What it preserves: the order of arrivals, their relative spacing (bursts stay bursts), the
+    group mix, every request's shape and the prefix structure, so reuse distances counted in
+    requests are unchanged. What it changes: every time gap, hence reuse distances in seconds,
+    the queueing the engine sees, and the warm-up boundary (``measured`` flags are kept: the same
+    requests are judged).
+    """
+    if not (rate_req_per_s > 0 and np.isfinite(rate_req_per_s)):
+        raise ValueError(f"target rate must be a finite number > 0 requests/s, got "
+                         f"{rate_req_per_s}")
+    arr = trace.requests["arrival_s"].to_numpy(np.float64)
+    span = float(arr.max() - arr.min()) if len(arr) else 0.0
+    if len(arr) < 2 or span <= 0:
+        raise ValueError("a trace whose requests all arrive at once has no rate to scale")
+    factor = ((len(arr) - 1) / span) / rate_req_per_s
+    df = trace.requests.copy()
+    df["arrival_s"] = (arr - arr.min()) * factor
+    meta = {**trace.meta, "scaled": {"factor": factor, "rate_req_per_s": rate_req_per_s}}
+    return dataclasses.replace(trace, requests=df, meta=meta).validate("scale_to_rate"), factor
+
+
+def probe_shapes_of(trace: Trace, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt tokens, output tokens) of ``n`` requests of ``trace`` taken at evenly spaced
+    ranks (deterministic): the request shapes a ``C_prefill`` probe for this trace uses."""
+    if len(trace) == 0:
+        raise ValueError("an empty trace has no request shapes")
+    idx = np.linspace(0, len(trace) - 1, n).round().astype(np.int64)
+    return (trace.prompt_lengths()[idx],
+            trace.requests["output_tokens"].to_numpy(np.int64)[idx])

@@ -182,3 +182,25 @@ def test_shipped_samples_import_with_each_tenant_model_and_run_under_every_polic
     ok = summary[summary["status"] == "ok"]
     assert {"lru", "prefixshield", "s3fifo"} <= set(ok["policy"])
     assert np.isfinite(ok["token_hit_ratio"]).all()
+
+
+def test_scale_to_engine_sets_the_rate_and_keeps_the_pattern(tmp_path):
+    from prefixshield.experiments.single import RunSpec, build_trace
+    from prefixshield.simulator.config import EngineConfig
+    from prefixshield.simulator.costmodel import load_profile
+    from prefixshield.traces.io import write_trace
+
+    src = importers.import_azure(AZURE, limit=300)
+    path = tmp_path / "a.parquet"
+    write_trace(src, path)
+    spec = RunSpec(workload=str(path), policies=("lru",), engine=EngineConfig(num_blocks=1024),
+                   profile=load_profile("l4-qwen2.5-1.5b"), scale_to_load=0.5)
+    scaled, info = build_trace(spec)
+    arr = scaled.requests["arrival_s"].to_numpy()
+    rate = (len(arr) - 1) / (arr.max() - arr.min())
+    assert rate == pytest.approx(0.5 * info["c_prefill_req_per_s"])
+    orig = src.requests["arrival_s"].to_numpy()
+    assert np.allclose(arr, (orig - orig.min()) * info["time_factor"])
+    assert (scaled.requests["request_id"] == src.requests["request_id"]).all()
+    r = CliRunner().invoke(main, ["run", "one_touch", "--scale-to-engine", "0.5"])
+    assert r.exit_code != 0 and "for trace files" in r.output
