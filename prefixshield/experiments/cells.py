@@ -20,7 +20,7 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
@@ -36,9 +36,6 @@ TTFT_QUANTILES = np.linspace(0, 100, 101)
 
 DROPPED_STATS = ("debt_samples", "class_samples")
 """Per-charge series of PrefixShield's counters, too long to keep per cell."""
-
-IDENTITY = ("experiment", "point", "policy", "seed")
-
 
 @dataclass(frozen=True)
 class ResolvedCell:
@@ -59,7 +56,7 @@ class Task:
     Attributes:
         key: identity of the trace (hash of the resolved run settings and the seed).
         kind: ``simulate`` or ``overhead``.
-        settings: the point's fields (typed), ``workload`` for simulate tasks.
+        settings: the point's trace and engine fields (typed; policy fields are in the specs).
         workload: the workload name.
         seed: the trace seed.
         policy_specs: resolved specs to run, in order.
@@ -82,7 +79,6 @@ class CellOutcome:
     policy_spec: str
     row: dict
     records: Any = None  # pandas DataFrame when asked for
-    extra: dict = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------ resolution
@@ -123,10 +119,30 @@ def trace_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def task_key(kind: str, workload: str, settings: Mapping[str, Any], seed: int) -> str:
-    """Hash identifying a trace: same key, same trace and engine (so cells can share it)."""
-    d = {"kind": kind, "workload": workload, "seed": seed,
-         "settings": {k: jsonable(v) for k, v in sorted(trace_settings(settings).items())}}
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:20]
+    """Hash identifying a trace and engine by what they *resolve* to: the full engine config,
+    the profile's coefficients, alpha, the workload's complete params (defaults filled in) and
+    the contract table. So two cells that spell the same run differently (``blocks=512`` in a
+    capacity sweep, nothing in an attack table) share one simulation."""
+    if kind != "simulate":
+        d: dict[str, Any] = {"kind": kind, "workload": workload, "seed": seed,
+                             "settings": {k: jsonable(v) for k, v in sorted(settings.items())}}
+    else:
+        from prefixshield.workloads import make_params, params_to_dict
+
+        spec = run_spec(workload, trace_settings(settings), seed, ("lru",))
+        params = dict(seed=seed, alpha=spec.alpha, block_size=spec.engine.block_size,
+                      num_blocks=spec.engine.num_blocks, **spec.overrides)
+        if spec.contracts is not None:
+            params["contracts"] = spec.contracts
+        try:
+            resolved = params_to_dict(make_params(workload, **params))
+        except (ValueError, TypeError):
+            resolved = {k: jsonable(v) for k, v in sorted(spec.overrides.items())}
+        d = {"kind": kind, "workload": workload, "seed": seed,
+             "engine": spec.engine.to_dict(), "cost": dataclasses.asdict(spec.profile.cost),
+             "alpha": spec.alpha, "params": resolved,
+             "contracts": {k: dataclasses.asdict(c) for k, c in spec.contract_table.items()}}
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
 def plan_tasks(experiments: list[Experiment], done: set[tuple]) -> tuple[list[Task],
