@@ -172,7 +172,10 @@ class Engine:
         self.num_preemptions = np.zeros(n, dtype=np.int64)
         self.num_new_blocks = np.zeros(n, dtype=np.int64)
         self.env = simpy.Environment()
-        self.waiting: deque[Sequence] = deque()
+        # Requests wait as their row index and become Sequences (token ids, block hashes) when
+        # they first reach the head (see _waiting_head): an overloaded engine's queue holds an
+        # int per request, not its prompt.
+        self.waiting: deque[Sequence | int] = deque()
         self.running: list[Sequence] = []
         self._next_arrival = 0
         self._wakeup: simpy.Event | None = None
@@ -206,11 +209,23 @@ class Engine:
             delay = self.arrival_s[i] - env.now
             if delay > 0:
                 yield env.timeout(delay)
-            self.waiting.append(self._make_sequence_batched(i) if self.batched
-                                else self._make_sequence(i))
+            self.waiting.append(i)
             self._next_arrival = i + 1
             if self._wakeup is not None and not self._wakeup.triggered:
                 self._wakeup.succeed()
+
+    def _waiting_head(self) -> Sequence:
+        """The head of the waiting queue, built into a :class:`Sequence` on its first visit.
+
+        Heads are built in arrival order (FCFS; a preempted request returns to the head already
+        built), so the batched path's chunks of token ids are built in the same order as if every
+        request were built on arrival: the same tokens, the same hashes, the same results."""
+        head = self.waiting[0]
+        if isinstance(head, int):
+            head = (self._make_sequence_batched(head) if self.batched
+                    else self._make_sequence(head))
+            self.waiting[0] = head
+        return head
 
     def _make_sequence(self, i: int) -> Sequence:
         tr = self.trace
@@ -325,7 +340,7 @@ class Engine:
         head_blocked = False
         if not preempted:
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
-                seq = self.waiting[0]
+                seq = self._waiting_head()
                 hits, num_hit_tokens = kv.get_computed_blocks(seq)
                 num_new = min(seq.num_tokens - num_hit_tokens, budget)
                 reserve = seq.num_tokens if cfg.reserves_full_prompt else 0
@@ -380,7 +395,7 @@ class Engine:
 
     def _idle_until_arrival(self):
         if self._next_arrival >= len(self.arrival_s):
-            seq = self.waiting[0]
+            seq = self._waiting_head()
             raise EngineError(
                 f"request {int(self.trace.requests['request_id'].iloc[seq.request_id])} of group "
                 f"{self.groups[seq.group]!r} can never be admitted: it needs "
@@ -496,7 +511,7 @@ class Engine:
         head_blocked = False
         if not preempted:
             while self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
-                seq = self.waiting[0]
+                seq = self._waiting_head()
                 hits, num_hit_tokens = kv.get_computed_blocks(seq)
                 k = min(seq.num_tokens - num_hit_tokens, budget)
                 reserve = seq.num_tokens if cfg.reserves_full_prompt else 0

@@ -162,3 +162,35 @@ def test_observing_a_run_changes_nothing():
     assert np.array_equal(watched.evictions, plain.evictions)
     assert [t for t, _ in seen] == pytest.approx(0.5 * np.arange(1, len(seen) + 1))
     assert len(seen) >= 2 * 10 and max(n for _, n in seen) > 0
+
+
+def test_waiting_requests_hold_no_tokens_until_they_reach_the_head():
+    """An overloaded engine's queue holds row indices: a request's token ids and block hashes
+    are built when it first reaches the head of the waiting queue (same results either way:
+    the batched-step tests compare every workload against the step-by-step path)."""
+    from prefixshield.experiments.single import RunSpec, build_trace
+    from prefixshield.policies import make_policy
+    from prefixshield.simulator.config import EngineConfig
+    from prefixshield.simulator.costmodel import load_profile
+    from prefixshield.simulator.engine import Engine
+    from prefixshield.simulator.kvcache import Sequence
+
+    profile = load_profile("l4-qwen2.5-1.5b")
+    spec = RunSpec(workload="one_touch", policies=("lru",), engine=EngineConfig(max_num_seqs=4),
+                   profile=profile, overrides={"duration_s": 20.0, "base_rate": 3.0})
+    trace, _ = build_trace(spec)
+    seen = []
+
+    def observe(engine, t):
+        built = sum(isinstance(x, Sequence) for x in engine.waiting)
+        seen.append((len(engine.waiting), built, engine.num_preemptions.sum()))
+
+    for batched in (True, False):
+        seen.clear()
+        engine = Engine(trace, make_policy("lru", 512), profile.cost, spec.engine,
+                        batched=batched)
+        engine.run(observe=observe, every_s=0.5)
+        deepest = max(seen)
+        assert deepest[0] > 20, "the engine was overloaded"
+        # only the head, and requests preempted back to it, are built
+        assert all(built <= 1 + preempted for _, built, preempted in seen), seen
