@@ -433,6 +433,9 @@ def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, 
 @click.option("--time-scale", type=click.FloatRange(min=0, min_open=True), default=1.0,
               show_default=True,
               help="mooncake, azure: multiply arrival times (2 = half the request rate).")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="mooncake, azure: rescale arrival times (one factor, after --time-scale) to "
+                   "this mean rate in requests/s.")
 @click.option("--limit", type=POSITIVE, default=None, help="Import only the first N records.")
 @click.option("--warmup-s", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Requests arriving before this many seconds are not measured.")
@@ -447,7 +450,7 @@ def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, 
               help="With --max-prompt-tokens: drop longer requests, or keep their first tokens.")
 @_user_errors
 def trace_import(fmt, src, out, seed, num_groups, assign, tenant_skew, tenant_map, time_scale,
-                 limit, warmup_s, system_prompt_tokens, max_prompt_tokens, over):
+                 rate, limit, warmup_s, system_prompt_tokens, max_prompt_tokens, over):
     """Convert an external trace SRC (Mooncake JSONL, ShareGPT JSON, Azure CSV; plain or
     gzip-compressed, with or without a UTF-8 byte-order mark) to OUT."""
     from prefixshield.traces import importers
@@ -466,19 +469,24 @@ def trace_import(fmt, src, out, seed, num_groups, assign, tenant_skew, tenant_ma
             tr = importers.import_azure(src, time_scale=time_scale,
                                         system_prompt_tokens=system_prompt_tokens, **common)
         else:
-            if time_scale != 1.0:
+            if time_scale != 1.0 or rate is not None:
                 raise click.BadParameter("sharegpt has no timestamps to scale (arrivals are "
-                                         "drawn)", param_hint="--time-scale")
+                                         "drawn)", param_hint="--time-scale/--rate")
             tr = importers.import_sharegpt(src, system_prompt_tokens=system_prompt_tokens,
                                            **common)
     note = ""
+    if rate is not None:
+        from prefixshield.traces.transform import scale_to_rate
+
+        tr, factor = scale_to_rate(tr, rate)
+        note += f" (arrivals x {factor:.3g} for {rate:g} req/s)"
     if max_prompt_tokens is not None:
         from prefixshield.traces.transform import limit_request_tokens
 
         tr = limit_request_tokens(tr, max_prompt_tokens, over)
         n = tr.meta["limit"]["requests_affected"]
-        note = (f" ({n} prompts over {max_prompt_tokens} tokens "
-                f"{'dropped' if over == 'drop' else 'clipped'})")
+        note += (f" ({n} prompts over {max_prompt_tokens} tokens "
+                 f"{'dropped' if over == 'drop' else 'clipped'})")
     write_trace(tr, out)
     console.print(f"imported {len(tr)} requests from {src} to {out}{note}")
 

@@ -5,6 +5,9 @@
 sections (attack, benign, borrowing, sweeps, ablations, overhead); any other store one section per
 experiment (paired table, gain against each swept field, occupancy, evictions, TTFT CDF).
 CSV files hold the numbers (fractions, seconds); Markdown files the same rounded for reading.
+"hit ratio" is the mean over the judged requests of cached / prompt tokens (vLLM's per-request
+definition); "token hit ratio" is cached over prompt tokens summed over them (what trace studies
+publish).
 """
 
 from __future__ import annotations
@@ -241,6 +244,7 @@ def attack_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) -> S
                 "workload": exp.workload, "policy": a["policy"],
                 "hit ratio": A.fmt_pct(a["hit_ratio_mean"]),
                 f"vs {base} (pp)": _diff_str(a, "hit_ratio", is_base),
+                "token hit ratio": A.fmt_pct(a["token_hit_ratio_mean"]),
                 "P95 TTFT (s)": A.fmt_num(a["p95_ttft_s_mean"]),
                 f"vs {base} (s)": _diff_str(a, "p95_ttft_s", is_base, 1.0, 3),
                 "control hit ratio": A.fmt_pct(c["hit_ratio_mean"]),
@@ -323,6 +327,7 @@ def borrowing_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) -
             idle_peak = float(np.mean([a["peak_blocks"] for a in idle])) if idle else np.nan
             rows.append({"policy": r["policy"], "hit ratio": A.fmt_pct(r["hit_ratio_mean"]),
                          f"vs {base} (pp)": _diff_str(r, "hit_ratio", r["policy"] == base),
+                         "token hit ratio": A.fmt_pct(r["token_hit_ratio_mean"]),
                          "active steady occupancy (blocks)": A.fmt_num(steady, ".0f"),
                          "active peak occupancy (blocks)": A.fmt_num(peak, ".0f"),
                          "idle peak occupancy (blocks)": A.fmt_num(idle_peak, ".0f"),
@@ -355,6 +360,7 @@ def sweeps_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) -> S
                          else value_text(r[f"grid.{key}"]),
                          "policy": r["policy"], "hit ratio": A.fmt_pct(r["hit_ratio_mean"]),
                          f"gain vs {base} (pp)": _diff_str(r, "hit_ratio", r["policy"] == base),
+                         "token hit ratio": A.fmt_pct(r["token_hit_ratio_mean"]),
                          "P95 TTFT (s)": A.fmt_num(r["p95_ttft_s_mean"]),
                          "measured pressure": A.fmt_num(r["attacker_pressure_ratio_mean"], ".2f"),
                          "note": _failed_note(r)})
@@ -563,7 +569,12 @@ def index_markdown(store: ResultsStore, sections: list[Section]) -> str:
               f"{prov.get('numpy')}, numba {prov.get('numba')}; profiles: "
               + ", ".join(f"{k} ({v['provenance'].get('status', '?')})"
                           for k, v in meta.get("profiles", {}).items())
-              + ". The exact spec and resolved config: `store.json`.", ""]
+              + ". The exact spec and resolved config: `store.json`.", "",
+              "Hit ratio: the mean over the judged requests (attack workloads: the victim's "
+              "measured requests; others: all measured) of cached / prompt tokens, vLLM's "
+              "per-request definition. Token hit ratio: cached over prompt tokens summed over "
+              "the same requests. Differences are paired over seeds (the identical trace per "
+              "seed) with 95% bootstrap CIs; `pp` = percentage points.", ""]
     lines += ["## Contents", ""]
     for sec in sections:
         lines.append(f"- [{sec.title}](#{_anchor(sec.title)})")

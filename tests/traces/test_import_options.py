@@ -70,6 +70,11 @@ def test_import_cli_passes_every_option(tmp_path):
                            catch_exceptions=False)
     assert r.exit_code == 0, r.output
     assert read_trace(out).meta["system_prompt_tokens"] == 256
+    r = CliRunner().invoke(main, ["trace", "import", "azure", str(AZURE), str(out),
+                                  "--limit", "200", "--rate", "3"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    arr = read_trace(out).requests["arrival_s"].to_numpy()
+    assert (len(arr) - 1) / (arr.max() - arr.min()) == pytest.approx(3.0)
     for args, words in ((["sharegpt", "--time-scale", "2"], "no timestamps"),
                         (["azure", "--assign", "prefix"], "no sessions or prefixes"),
                         (["mooncake", "--system-prompt-tokens", "5"], "own prefixes")):
