@@ -35,7 +35,7 @@ def _group_index(seg_id: int) -> int:
 
 def test_registry_lists_every_workload_with_its_params_type():
     assert sorted(WORKLOADS) == sorted(ATTACK_WORKLOADS + ["sharegpt", "bursty_sharegpt",
-                                                           "borrowing"])
+                                                           "borrowing", "searched_attack"])
     for name, fn in WORKLOADS.items():
         assert dataclasses.is_dataclass(fn.params_type)
         assert fn(None).meta["workload"] == name

@@ -1,0 +1,212 @@
+"""Command line: ``prefixshield attack-search`` (registered on the group by
+:mod:`prefixshield.cli`).
+
+Parses options, calls :mod:`prefixshield.experiments.attack_search` and prints; no search logic
+lives here.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+import click
+from rich.table import Table
+
+from prefixshield.cli import _policy_names, _user_errors, console, main
+
+
+def _budget(items: tuple[str, ...]) -> dict:
+    """``--budget`` items ``requests[=R]`` / ``prompt_tokens[=R]`` (per second) -> the config's
+    budget fields. The units given are the limits that apply (none given: both); a unit without
+    a rate is at the one-touch flood rate."""
+    from prefixshield.workloads.searched_attack import BUDGET_LIMITS
+
+    units = [u for u in BUDGET_LIMITS if u != "both"]
+    out: dict = {"budget_requests": None, "budget_prompt_tokens": None}
+    seen = []
+    for text in items:
+        unit, sep, value = text.partition("=")
+        unit = unit.strip()
+        if unit not in units or unit in seen:
+            raise click.BadParameter(f"expected UNIT[=RATE] with UNIT one of {', '.join(units)} "
+                                     f"(each at most once), got {text!r}", param_hint="--budget")
+        seen.append(unit)
+        if sep:
+            try:
+                rate = float(value)
+            except ValueError:
+                raise click.BadParameter(f"{unit}: expected a number per second, got {value!r}",
+                                         param_hint="--budget") from None
+            if not rate > 0:
+                raise click.BadParameter(f"{unit}: must be > 0 per second, got {value!r}",
+                                         param_hint="--budget")
+            out[f"budget_{unit}"] = rate
+    out["budget_limits"] = seen[0] if len(seen) == 1 else "both"
+    return out
+
+
+def _base_fields(num_blocks, vllm_compat, profile, alpha, fixed) -> dict:
+    """The fixed fields of every run: engine, profile, load, and ``--set`` fields, each checked
+    against every workload the search runs (the victim must be the same in all of them)."""
+    from prefixshield.experiments.attack_search import FIXED_ATTACKS, WORKLOAD
+    from prefixshield.experiments.spec import parse_set_option, type_field
+
+    base = {"blocks": num_blocks, "compat": vllm_compat, "alpha": alpha,
+            "profile": type_field(WORKLOAD, "profile", profile, "--profile")}
+    space = _space_names()
+    for item in fixed:
+        key, value = parse_set_option(WORKLOAD, item)
+        if key in space or key.startswith("budget") or key in ("attack", "attacker_rate",
+                                                               "pressure_ratio"):
+            raise click.BadParameter(f"{key} is searched or set by the search itself; --set "
+                                     "fixes engine, load and victim fields", param_hint="--set")
+        for w in FIXED_ATTACKS:
+            parse_set_option(w, item)   # the hand-written attacks must take it too
+        base[key] = value
+    return base
+
+
+def _space_names() -> set[str]:
+    from prefixshield.experiments.attack_space import SPACE
+
+    return {d.name for d in SPACE}
+
+
+@main.command("attack-search")
+@click.option("--policy", "-p", "policies", multiple=True, default=("all",), show_default=True,
+              help="Policies to search against (names, 'all', or NAME:KEY=VALUE specs); each "
+                   "gets its own search.")
+@click.option("--budget", "budget_items", multiple=True, metavar="UNIT[=RATE]",
+              help="A limit of the attacker's budget, the same for every policy: requests=R "
+                   "(requests/s) or prompt_tokens=R (prompt tokens/s); repeat for both. A unit "
+                   "without a rate is at the one-touch flood rate, min(0.75 C_prefill, 1.15 "
+                   "base rate) [default: both limits at that rate].")
+@click.option("--trials", type=int, default=200, show_default=True,
+              help="Trials per policy (a rerun with more extends the search).")
+@click.option("--seeds", type=int, default=5, show_default=True,
+              help="Paired seeds per trial (0..N-1): the victim trace the loss is paired on.")
+@click.option("--eval-seeds", type=int, default=None,
+              help="Held-out seeds of the transfer check (N..N+E-1) [default: --seeds].")
+@click.option("--objective", type=click.Choice(["hit_ratio", "p95_ttft"]), default="hit_ratio",
+              show_default=True,
+              help="Maximize the victim's paired hit-ratio loss, or its P95 TTFT increase.")
+@click.option("--sampler", type=click.Choice(["tpe", "cmaes"]), default="tpe",
+              show_default=True, help="optuna sampler.")
+@click.option("--sampler-seed", type=int, default=0, show_default=True,
+              help="The sampler's seed (same seed: same trials).")
+@click.option("--batch", type=int, default=4, show_default=True,
+              help="Trials asked per policy per round (part of what fixes the trials).")
+@click.option("--warm-start/--no-warm-start", default=True, show_default=True,
+              help="Start each search at the hand-written attacks mapped into the space.")
+@click.option("--blocks", "num_blocks", type=int, default=512, show_default=True,
+              help="KV blocks configured, null block included.")
+@click.option("--compat", "vllm_compat", type=click.Choice(["0.10", "current"]),
+              default="current", show_default=True, help="vLLM compat mode.")
+@click.option("--profile", default="l4-qwen2.5-1.5b", show_default=True,
+              help="Cost-model profile.")
+@click.option("--alpha", type=float, default=0.6, show_default=True,
+              help="Nominal load of the victim (base rate = alpha x C_prefill).")
+@click.option("--set", "fixed", multiple=True, metavar="KEY=VALUE",
+              help="A fixed engine, load or victim field of every run (e.g. duration_s=30); "
+                   "attack-space fields are what the search chooses.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Results store and report folder (a rerun resumes).")
+@click.option("--executor", type=click.Choice(["process", "inprocess", "ray"]),
+              default="process", show_default=True, help="Where runs execute.")
+@click.option("--workers", type=int, default=None,
+              help="Process-pool workers (or local Ray CPUs) [default: one per core].")
+@click.option("--address", default=None, help="Ray cluster address (with --executor ray).")
+@_user_errors
+def attack_search(policies, budget_items, trials, seeds, eval_seeds, objective, sampler,
+                  sampler_seed, batch, warm_start, num_blocks, vllm_compat, profile, alpha,
+                  fixed, out_dir, executor, workers, address):
+    """Find, per policy, the attack that hurts the victim most under a fixed attacker budget.
+
+    \b
+    Examples:
+      prefixshield attack-search --policy lru --trials 50 --seeds 3 --out results/as-lru
+      prefixshield attack-search --budget requests=0.5 --budget prompt_tokens=800 \\
+          --objective p95_ttft --out results/as
+
+    An optuna search (seeded; trials in rounds, told in trial order) over the searched_attack
+    space maximizes the victim's paired loss against the no-attack control. Every trial's runs
+    are cells of a results store in --out: a killed search rerun with the same arguments
+    resumes and ends identical. Prints and writes (tables/, figures/, attack_search.md) the
+    worst-case table, with the hand-written attacks at the same budget, and the transfer matrix:
+    each policy's worst attack against every policy on held-out seeds.
+    """
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+
+    from prefixshield.experiments import attack_search as AS
+    from prefixshield.experiments.executors import make_executor
+
+    budget = _budget(budget_items)
+    base = _base_fields(num_blocks, vllm_compat, profile, alpha, fixed)
+    config = AS.SearchConfig(policies=_policy_names(policies), trials=trials, seeds=seeds,
+                             eval_seeds=seeds if eval_seeds is None else eval_seeds,
+                             objective=objective, **budget,
+                             sampler=sampler, sampler_seed=sampler_seed, batch=batch,
+                             warm_start=warm_start, base=base)
+    AS._import_optuna()
+    with console.status("measuring the load and the budget..."):
+        resolved = AS.resolve(config)
+    store = AS.open_store(out_dir, config, resolved, command="prefixshield " + " ".join(
+        shlex.quote(a) for a in sys.argv[1:]))
+    for line in AS.header_lines(_Preview(config, resolved)):
+        console.print(line)
+    ex = make_executor(executor, workers, address)
+    try:
+        with Progress(TextColumn("[bold]attack-search"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("traces"), TimeElapsedColumn(), TextColumn("ETA"),
+                      TimeRemainingColumn(), console=console,
+                      transient=not sys.stdout.isatty()) as progress:
+            bar = progress.add_task("search", total=None)
+
+            def on_progress(done, total):
+                progress.update(bar, completed=done, total=total)
+
+            res = AS.run_search(store, config, resolved, ex, on_progress=on_progress)
+    finally:
+        ex.close()
+    _print(res)
+    written = AS.write_outputs(out_dir, res)
+    console.print(f"wrote {len(written)} files (tables/, figures/, attack_search.md) to "
+                  f"{out_dir}/")
+
+
+class _Preview:
+    """The config and resolved budget in the shape :func:`header_lines` reads."""
+
+    def __init__(self, config, resolved) -> None:
+        self.config, self.resolved = config, resolved
+
+
+def _print(res) -> None:
+    """The worst-case table (its main columns; the written tables have all), the worst attacks
+    in words, their eviction matrices and the transfer matrix."""
+    from prefixshield.experiments import attack_search as AS
+
+    u = AS.loss_unit(res.config.objective)
+    worst = AS.worst_case_table(res)
+    main_cols = [c for c in worst.columns if not c.startswith(("evicted", "worst: "))]
+    ev_cols = ["policy"] + [c for c in worst.columns if c.startswith("evicted")]
+    attacks = AS.worst_attacks_table(res)
+    for title, df in (
+            (f"worst case per policy ({res.config.objective}, {u}; search seeds, 95% bootstrap "
+             "CI over seeds; held-out: the same attack on held-out seeds)", worst[main_cols]),
+            ("the worst attacks", attacks[["policy", "trial", "what it does"]]
+             if not attacks.empty else None),
+            ("evictions under the worst attack (mean blocks per run, requester->owner)",
+             worst[ev_cols] if len(ev_cols) > 1 else None),
+            (f"transfer: worst attack found against ROW run against COLUMN (held-out seeds, "
+             f"{u})", AS.transfer_table(res))):
+        if df is None or df.empty:
+            continue
+        table = Table(title=title)
+        for col in df.columns:
+            table.add_column(str(col), overflow="fold")
+        for _, r in df.iterrows():
+            table.add_row(*[str(r[c]) for c in df.columns])
+        console.print(table)
