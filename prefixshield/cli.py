@@ -420,12 +420,14 @@ def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, 
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Token seed.")
 @click.option("--groups", "num_groups", type=POSITIVE, default=1, show_default=True,
               help="Spread requests over this many groups (see --assign).")
-@click.option("--assign", type=click.Choice(["round_robin", "session", "prefix", "zipf", "map"]),
+@click.option("--assign", type=click.Choice(["round_robin", "session", "prefix", "zipf",
+                                            "servegen", "map"]),
               default="round_robin", show_default=True,
               help="Tenant model: round_robin (records in file order); session (keep a "
                    "conversation, or a Mooncake prefix root, in one group); prefix (Mooncake: "
                    "first hash id mod groups); zipf (units to groups with shares 1/(g+1)^skew: "
-                   "heterogeneous tenants); map (--tenant-map CSV record,group[,contract]).")
+                   "heterogeneous tenants); servegen (shares of real production clients, "
+                   "<= 8 groups); map (--tenant-map CSV record,group[,contract]).")
 @click.option("--tenant-skew", type=click.FloatRange(min=0, min_open=True), default=1.0,
               show_default=True, help="--assign zipf: the exponent of the group shares.")
 @click.option("--tenant-map", type=click.Path(dir_okay=False), default=None,

@@ -47,7 +47,7 @@ def group_names(num_groups: int) -> list[str]:
     return ["default"] if num_groups == 1 else [f"group{i}" for i in range(num_groups)]
 
 
-TENANT_MODELS = ("round_robin", "session", "prefix", "zipf", "map")
+TENANT_MODELS = ("round_robin", "session", "prefix", "zipf", "servegen", "map")
 """How an importer assigns records to groups (tenants) when the trace names none:
 
 - ``round_robin``: record i (conversation i for ShareGPT) to group ``i mod G``, in file order;
@@ -58,6 +58,9 @@ TENANT_MODELS = ("round_robin", "session", "prefix", "zipf", "map")
 - ``zipf``: heterogeneous tenants: each unit (conversation, prefix root, or record for Azure)
   goes to group g with probability proportional to ``1 / (g + 1) ** tenant_skew`` (seeded), so
   tenant 0 sends the most and the last the least;
+- ``servegen``: like ``zipf``, with the shares of real clients: group g gets the share of
+  requests that ServeGen's g-th busiest ``m-large`` client sent in their busiest hour (the
+  ``servegen`` workload's data; at most 8 groups);
 - ``map``: an explicit CSV ``record,group`` (0-based record index in file order, a record being a
   line, a CSV row, or a ShareGPT conversation; every record listed once; a ``contract`` column,
   if present, sets each group's contract).
@@ -93,10 +96,18 @@ def assign_tenants(model: str, units: np.ndarray, groups: Sequence[str], seed: i
         np.minimum.at(first, inverse, np.arange(len(units)))
         rank = np.argsort(np.argsort(first, kind="stable"), kind="stable")
         return (rank[inverse] % G).astype(np.int64)
-    if model == "zipf":
-        if not (math.isfinite(tenant_skew) and tenant_skew > 0):
-            raise ValueError(f"tenant_skew must be a finite number > 0, got {tenant_skew}")
-        w = 1.0 / np.arange(1, G + 1, dtype=np.float64) ** tenant_skew
+    if model in ("zipf", "servegen"):
+        if model == "servegen":
+            from prefixshield.workloads.servegen import ServeGenParams
+
+            if G > 8:
+                raise ValueError(f"--assign servegen: at most 8 groups (the shipped clients), "
+                                 f"got {G}")
+            w = ServeGenParams(num_tenants=G)._shares()
+        else:
+            if not (math.isfinite(tenant_skew) and tenant_skew > 0):
+                raise ValueError(f"tenant_skew must be a finite number > 0, got {tenant_skew}")
+            w = 1.0 / np.arange(1, G + 1, dtype=np.float64) ** tenant_skew
         rng = np.random.default_rng([int(seed), 11])
         return rng.choice(G, size=len(keys), p=w / w.sum())[inverse].astype(np.int64)
     raise ValueError(f"unknown tenant model {model!r}; known: {', '.join(TENANT_MODELS)}")

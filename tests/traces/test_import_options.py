@@ -140,6 +140,13 @@ def test_zipf_tenants_come_out_heterogeneous():
     assert (per_conv == 1).all()  # a conversation stays in one tenant
     counts = conv.requests.groupby("group")["prefix_id"].nunique()
     assert counts["group0"] > 2 * counts["group2"]
+    # servegen: the shares of real clients (the first one sends most)
+    from prefixshield.workloads.servegen import ServeGenParams
+
+    sg = importers.import_azure(AZURE, limit=4000, num_groups=4, assign="servegen")
+    got = sg.requests["group"].value_counts(normalize=True).reindex(
+        [f"group{i}" for i in range(4)]).to_numpy()
+    assert np.allclose(got, ServeGenParams(num_tenants=4)._shares(), atol=0.03)
 
 
 def test_a_tenant_map_names_groups_and_contracts(tmp_path):
@@ -166,7 +173,7 @@ def test_a_tenant_map_names_groups_and_contracts(tmp_path):
 @pytest.mark.parametrize("fmt, src, assign", [
     ("mooncake", MOONCAKE, "round_robin"), ("mooncake", MOONCAKE, "session"),
     ("mooncake", MOONCAKE, "prefix"), ("mooncake", MOONCAKE, "zipf"),
-    ("azure", AZURE, "round_robin"), ("azure", AZURE, "zipf"),
+    ("azure", AZURE, "round_robin"), ("azure", AZURE, "zipf"), ("azure", AZURE, "servegen"),
 ])
 def test_shipped_samples_import_with_each_tenant_model_and_run_under_every_policy(
         tmp_path, fmt, src, assign):

@@ -35,7 +35,8 @@ def _group_index(seg_id: int) -> int:
 
 def test_registry_lists_every_workload_with_its_params_type():
     assert sorted(WORKLOADS) == sorted(ATTACK_WORKLOADS + ["sharegpt", "bursty_sharegpt",
-                                                           "borrowing", "searched_attack"])
+                                                           "borrowing", "searched_attack",
+                                                           "servegen"])
     for name, fn in WORKLOADS.items():
         assert dataclasses.is_dataclass(fn.params_type)
         assert fn(None).meta["workload"] == name
@@ -453,6 +454,8 @@ def test_probe_requests_are_shaped_like_the_workload_and_do_not_depend_on_the_se
         assert (prompt >= p.prefix_tokens + p.suffix_tokens[0]).all()
         assert (prompt <= p.prefix_tokens + p.suffix_tokens[1]).all()
         assert out.min() >= 7 and out.max() <= 1000       # Azure conv lengths
+    elif name == "servegen":                              # the clients' published lengths
+        assert (prompt + out <= p.max_request_tokens).all() and prompt.min() >= 1
     else:                                                 # ShareGPT turns: history + message
         assert (prompt > p.system_prompt_tokens).all()
         assert (prompt + out <= p.max_conversation_tokens).all()
