@@ -324,6 +324,10 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
+                if e.pos >= len(line.rstrip()):
+                    raise TraceError(f"{where}: not valid JSON: the line ends mid-record after "
+                                     f"{len(line.rstrip())} characters (a truncated file?)") \
+                        from None
                 raise TraceError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") \
                     from None
             if not isinstance(rec, dict):
