@@ -19,7 +19,6 @@ import os
 import platform
 import subprocess
 from pathlib import Path
-from typing import Any, Iterable
 
 import pandas as pd
 
@@ -249,17 +248,3 @@ def _diff(old: list[Experiment], new: list[Experiment]) -> str:
             if a[name][k] != b[name].get(k):
                 return f"experiment {name}: {k} {a[name][k]!r} vs {b[name].get(k)!r}"
     return "same experiments, other order"
-
-
-def rows_for(outcome_row: dict, identity: dict, point_cols: dict) -> dict:
-    """A cell row: identity, swept values, then the outcome's columns."""
-    return {**identity, **point_cols, **outcome_row}
-
-
-def iter_identity(experiments: Iterable[Experiment]) -> Iterable[tuple]:
-    """Every cell identity of ``experiments``, in spec order."""
-    for exp in experiments:
-        for point in exp.points():
-            for label in exp.policies:
-                for seed in exp.seeds:
-                    yield exp.name, point.id, label, seed

@@ -8,8 +8,6 @@ here, ``xfail(strict=True)`` with the quick run's numbers: the full-size evaluat
 judged.
 """
 
-import math
-
 import numpy as np
 import pandas as pd
 import pytest

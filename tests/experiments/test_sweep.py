@@ -1,12 +1,10 @@
 """Sweeps end to end: the results store, resume after SIGKILL, executors, report and regress."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
