@@ -1,4 +1,4 @@
-# prefixshield: two commands. `make demo` and `make test` each set up .venv themselves.
+# prefixshield: `make demo`, `make test` and `make bench` each set up .venv themselves.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -36,10 +36,7 @@ test: $(VENV)/.vllm
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.vllm
-	$(BIN)/python benchmarks/bench_engine.py
-	$(BIN)/python benchmarks/bench_selector.py
-	$(BIN)/python benchmarks/bench_oracle.py
-	$(BIN)/python benchmarks/bench_plugin.py
+	$(BIN)/prefixshield bench
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .hypothesis

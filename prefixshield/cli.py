@@ -690,6 +690,7 @@ def profiles() -> None:
 # sweep, reproduce, report, regress: defined beside the experiments package, registered on `main`.
 from prefixshield import cli_experiments  # noqa: E402,F401
 from prefixshield import cli_attack  # noqa: E402,F401
+from prefixshield import cli_bench  # noqa: E402,F401
 
 if __name__ == "__main__":
     main()

@@ -54,8 +54,10 @@ class RequestStream:
         return g, int(self.contract_of[g]), pid, int(self.rng.integers(1, 9)), self.t
 
 
-def _request(policy, stream: RequestStream, n: int | None = None) -> int:
-    """Select, materialize and release one request's blocks; returns ns spent selecting."""
+def _request(policy, stream: RequestStream, n: int | None = None,
+             used: np.ndarray | None = None) -> int:
+    """Select, materialize and release one request's blocks; returns ns spent selecting.
+    ``used[b]`` is set for every block materialized (to know when none is truly free)."""
     g, c, pid, new, t = stream.next()
     if n is not None:
         new = n
@@ -65,6 +67,8 @@ def _request(policy, stream: RequestStream, n: int | None = None) -> int:
     t0 = time.perf_counter_ns()
     blocks = policy.select_victims(new, t, g)
     dt = time.perf_counter_ns() - t0
+    if used is not None:
+        used[blocks] = True
     keys = stream.rng.integers(1, 2 ** 62, size=blocks.size).astype(np.uint64)
     policy.on_materialize(blocks, keys, g, c, pid, t)
     policy.on_release(blocks[::-1].copy(), np.ones(blocks.size, dtype=np.bool_), t)
@@ -116,9 +120,13 @@ def measure_overhead(policy_spec: str, num_blocks: int, num_groups: int,
         policy = make_policy(name, num_blocks, **kwargs)
         policy.bind_tenants([f"g{i}" for i in range(num_groups)], CONTRACTS)
         stream = RequestStream(num_groups)
+        # released blocks stay cached, so once every block was materialized at least once no
+        # truly free block is left: from then on every victim is a reclamation
+        used = np.zeros(num_blocks, dtype=np.bool_)
+        used[0] = True  # the null block
         count = 0
-        while policy.num_free() > 0 and count < 20 * num_blocks:
-            _request(policy, stream)
+        while not used.all() and count < 4 * num_blocks:
+            _request(policy, stream, used=used)
             count += 1
         for _ in range(count):
             _request(policy, stream)

@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from prefixshield.policies.base import Policy, register_policy
+from prefixshield.policies.kernels import hashtable as ht
 from prefixshield.policies.kernels import linkedlist as ll
 
 
@@ -37,6 +38,59 @@ def _replay_keys(keys, hits, block_of, key_of, prev, nxt, member, length, num_bl
         ll.push_tail_one(prev, nxt, member, length, num_blocks, 0, b)
 
 
+@njit(cache=True)
+def _replay_keys_table(keys, hits, block_of, key_of, prev, nxt, member, length, num_blocks, tk, tv,
+                       bits):
+    # _replay_keys with the key -> block map in an array hash table (``tk``/``tv``, 2**bits
+    # slots, empty) instead of the typed Dict, which is written back at the end. Keys >= 0.
+    shift = np.uint64(64 - bits)
+    mask = (1 << bits) - 1
+    for kk, b in block_of.items():
+        ht.insert(tk, tv, kk, b, shift, mask)
+    head = num_blocks
+    for i in range(keys.shape[0]):
+        kk = keys[i]
+        j = ht.find(tk, kk, shift, mask)
+        if j >= 0:
+            hits[i] = True
+            b = tv[j]
+        else:
+            b = nxt[head]
+            old = key_of[b]
+            if old >= 0:
+                ht.delete(tk, tv, ht.find(tk, old, shift, mask), shift, mask)
+            key_of[b] = kk
+            ht.insert(tk, tv, kk, b, shift, mask)
+        ll.unlink_one(prev, nxt, member, length, b)
+        ll.push_tail_one(prev, nxt, member, length, num_blocks, 0, b)
+    old_keys = np.empty(len(block_of), dtype=np.int64)
+    n = 0
+    for kk in block_of.keys():
+        old_keys[n] = kk
+        n += 1
+    for t in range(n):
+        del block_of[old_keys[t]]
+    for j in range(tk.shape[0]):
+        if tk[j] != ht.EMPTY:
+            block_of[tk[j]] = tv[j]
+
+
+@njit(cache=True)
+def _release(blocks, cached, current_mode, prev, nxt, member, length, num_blocks):
+    # "current": blocks without a hash to the head, reading in the given order, hashed ones to
+    # the tail in order; "0.10": all to the tail in order. One kernel call either way.
+    if current_mode:
+        for i in range(blocks.shape[0] - 1, -1, -1):
+            if not cached[i]:
+                ll.push_head_one(prev, nxt, member, length, num_blocks, 0, blocks[i])
+        for i in range(blocks.shape[0]):
+            if cached[i]:
+                ll.push_tail_one(prev, nxt, member, length, num_blocks, 0, blocks[i])
+    else:
+        for i in range(blocks.shape[0]):
+            ll.push_tail_one(prev, nxt, member, length, num_blocks, 0, blocks[i])
+
+
 @register_policy
 class LRUPolicy(Policy):
     """vLLM's ``FreeKVCacheBlockQueue`` as a policy (LRU by time of free)."""
@@ -51,12 +105,12 @@ class LRUPolicy(Policy):
                      np.arange(1, self.num_blocks, dtype=np.int32))
 
     def on_release(self, blocks: np.ndarray, cached: np.ndarray, now: float) -> None:
+        """Free ``blocks`` (vLLM's free order): ``"current"`` puts those without a hash at the
+        head (reading in the given order) and hashed ones at the tail; ``"0.10"`` puts all at
+        the tail."""
         q = self._queue
-        if self.vllm_compat == "0.10":
-            ll.push_tail(q.prev, q.nxt, q.member, q.length, q.num_blocks, 0, blocks)
-            return
-        ll.push_head(q.prev, q.nxt, q.member, q.length, q.num_blocks, 0, blocks[~cached])
-        ll.push_tail(q.prev, q.nxt, q.member, q.length, q.num_blocks, 0, blocks[cached])
+        _release(blocks, cached, self.vllm_compat == "current", q.prev, q.nxt, q.member,
+                 q.length, q.num_blocks)
 
     def on_acquire(self, blocks: np.ndarray) -> None:
         q = self._queue
@@ -68,14 +122,33 @@ class LRUPolicy(Policy):
         ll.pop_head(q.prev, q.nxt, q.member, q.length, q.num_blocks, 0, n, out, 0)
         return out
 
-    def replay_keys(self, keys: np.ndarray, block_of, key_of: np.ndarray) -> np.ndarray:
+    def replay_keys(self, keys: np.ndarray, block_of, key_of: np.ndarray,
+                    table: bool = True) -> np.ndarray:
         """The pure cache driver's loop in one kernel (see
         :func:`prefixshield.simulator.cachedriver.replay_keys`); same decisions, no Python per key.
+
+        Args:
+            keys: int64 content keys, one per request.
+            block_of: numba typed Dict content key -> block (updated).
+            key_of: int64 per block, its content key or -1 (updated).
+            table: keep the key -> block map in an array hash table during the replay
+                (:mod:`~prefixshield.policies.kernels.hashtable`; needs every key >= 0, else the
+                typed-Dict kernel runs); False always runs the typed-Dict kernel, the oracle the
+                table kernel is tested equal to.
+
+        Returns:
+            bool per request, True where it hit.
         """
         q = self._queue
         hits = np.zeros(keys.shape[0], dtype=np.bool_)
-        _replay_keys(keys, hits, block_of, key_of, q.prev, q.nxt, q.member, q.length,
-                     q.num_blocks)
+        if table and (keys.shape[0] == 0 or int(keys.min()) >= 0):
+            bits = ht.table_bits(self.num_blocks + len(block_of))
+            tk, tv = ht.new_table(bits, np.int32)
+            _replay_keys_table(keys, hits, block_of, key_of, q.prev, q.nxt, q.member, q.length,
+                               q.num_blocks, tk, tv, bits)
+        else:
+            _replay_keys(keys, hits, block_of, key_of, q.prev, q.nxt, q.member, q.length,
+                         q.num_blocks)
         return hits
 
     def num_free(self) -> int:

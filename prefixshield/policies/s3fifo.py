@@ -59,6 +59,7 @@ from numba.typed import Dict
 
 from prefixshield.policies.base import Policy, register_policy
 from prefixshield.policies.kernels import s3fifo_kernels as k
+from prefixshield.policies.kernels.hashtable import table_bits
 from prefixshield.policies.kernels.linkedlist import LinkedLists
 
 
@@ -209,16 +210,42 @@ class S3FIFOPolicy(Policy):
         k.on_hit(np.asarray(blocks, dtype=np.int32), self._lists.member, self._freq,
                  self.freq_cap)
 
-    def replay_keys(self, keys: np.ndarray, block_of, key_of: np.ndarray) -> np.ndarray:
+    def replay_keys(self, keys: np.ndarray, block_of, key_of: np.ndarray,
+                    fused: bool = True) -> np.ndarray:
         """The pure cache driver's loop in one kernel (see
         :func:`prefixshield.simulator.cachedriver.replay_keys`); same decisions, no Python per key.
+
+        Args:
+            keys: int64 content keys, one per request.
+            block_of: numba typed Dict content key -> block (updated).
+            key_of: int64 per block, its content key or -1 (updated).
+            fused: run :func:`~prefixshield.policies.kernels.s3fifo_kernels.replay_keys_fused`
+                (the miss path inlined, array hash tables) when its preconditions hold (every key
+                >= 0, no block pinned); False (or preconditions unmet) runs
+                :func:`~prefixshield.policies.kernels.s3fifo_kernels.replay_keys`, which calls the
+                policy's own kernels per request -- the oracle the fused kernel is tested equal to.
+
+        Returns:
+            bool per request, True where it hit.
         """
         q = self._lists
         hits = np.zeros(keys.shape[0], dtype=np.bool_)
-        bad = k.replay_keys(keys, hits, block_of, key_of, q.prev, q.nxt, q.member, q.length,
-                            q.num_blocks, self._freq, self._in_use, self._key, self._cnt,
-                            self._params, self._gkeys, self._gpos, self._gmap, self.freq_cap,
-                            self.vllm_compat == "current")
+        pinned = self._cnt[k.SMALL] or self._cnt[k.MAIN] or self._in_use.any()
+        if fused and not pinned and (keys.shape[0] == 0 or int(keys.min()) >= 0):
+            bbits = table_bits(self.num_blocks + len(block_of))
+            gbits = table_bits(self.ghost_size + 2 + len(self._gmap))
+            bad = k.replay_keys_fused(
+                keys, hits, block_of, key_of, q.prev, q.nxt, q.member, q.length, q.num_blocks,
+                self._freq, self._key, self._cnt, self._params, self._gkeys, self._gpos,
+                self._gmap, np.full(1 << bbits, -1, dtype=np.int64),
+                np.zeros(1 << bbits, dtype=np.int32), bbits, np.zeros(1 << gbits, dtype=np.int64),
+                np.full(1 << gbits, -1, dtype=np.int64), np.zeros(1 << gbits, dtype=np.int64),
+                gbits)
+        else:
+            bad = k.replay_keys(keys, hits, block_of, key_of, q.prev, q.nxt, q.member, q.length,
+                                q.num_blocks, self._freq, self._in_use, self._key, self._cnt,
+                                self._params, self._gkeys, self._gpos, self._gmap, self.freq_cap,
+                                self.vllm_compat == "current")
         self._ghost_slack = 0
         if bad:
             raise ValueError(f"s3fifo: {bad} illegal calls while replaying keys")

@@ -745,21 +745,31 @@ class PolicyKVCacheManager(_VllmKVCacheManager):
     is vLLM's.
     """
 
+    # The requester is set and restored inline (what ``pool.serving`` does, without building a
+    # context manager on every scheduler call: this is the plugin's hottest wrapper).
     def allocate_slots(self, request, *args, **kwargs):
         """vLLM's ``allocate_slots`` with ``request`` set as the pool's requester."""
         pool = self.block_pool
         if not isinstance(pool, PolicyBlockPool) or pool.policy is None:
             return super().allocate_slots(request, *args, **kwargs)
-        with pool.serving(request):
+        prev = pool._current
+        pool._current = request
+        try:
             return super().allocate_slots(request, *args, **kwargs)
+        finally:
+            pool._current = prev
 
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
         """vLLM's ``cache_blocks`` with ``request`` set as the pool's requester."""
         pool = self.block_pool
         if not isinstance(pool, PolicyBlockPool) or pool.policy is None:
             return super().cache_blocks(request, num_computed_tokens)
-        with pool.serving(request):
+        prev = pool._current
+        pool._current = request
+        try:
             return super().cache_blocks(request, num_computed_tokens)
+        finally:
+            pool._current = prev
 
 
 # ------------------------------------------------------------------------------------ install

@@ -16,6 +16,7 @@ from hypothesis import given, settings, strategies as st
 
 import libcachesim  # noqa: E402  (a test dependency: missing means failing, not skipping)
 
+from prefixshield.bench.keystream import scan_mix_keys, zipf_keys  # the bench's streams
 from prefixshield.policies import make_policy  # noqa: E402
 from prefixshield.simulator.cachedriver import replay_keys  # noqa: E402
 
@@ -23,32 +24,6 @@ from prefixshield.simulator.cachedriver import replay_keys  # noqa: E402
 SIZES = {20: (10_000, 200), 512: (30_000, 4_000), 4096: (60_000, 30_000),
          65536: (200_000, 300_000)}
 ALPHAS = {20: (0.6, 0.8, 1.0), 512: (0.6, 0.8, 1.0), 4096: (0.6, 0.8, 1.0), 65536: (0.6, 0.8)}
-
-
-def zipf_keys(n: int, num_keys: int, alpha: float, seed: int) -> np.ndarray:
-    """``n`` requests over ``num_keys`` keys, P(rank i) ~ 1/i^alpha; ranks map to shuffled ids."""
-    rng = np.random.default_rng(seed)
-    cdf = np.cumsum(1.0 / np.arange(1, num_keys + 1) ** alpha)
-    cdf /= cdf[-1]
-    ranks = np.minimum(np.searchsorted(cdf, rng.random(n)), num_keys - 1)
-    return rng.permutation(num_keys)[ranks].astype(np.int64)
-
-
-def scan_mix_keys(n: int, num_keys: int, alpha: float, seed: int, scan_share: float = 0.3,
-                  scan_len: int | None = None) -> np.ndarray:
-    """A Zipf stream with sequential scans of never-seen keys (``scan_share`` of all requests)
-    spliced in at random points."""
-    rng = np.random.default_rng(seed + 1)
-    scan_len = scan_len or max(4, num_keys // 50)
-    num_scans = max(1, int(n * scan_share) // scan_len)
-    background = zipf_keys(n - num_scans * scan_len, num_keys, alpha, seed)
-    cuts = np.sort(rng.integers(0, background.shape[0] + 1, num_scans))
-    pieces = np.split(background, cuts)
-    out = [pieces[0]]
-    for j in range(num_scans):
-        out.append(num_keys + j * scan_len + np.arange(scan_len, dtype=np.int64))
-        out.append(pieces[j + 1])
-    return np.concatenate(out)
 
 
 def libcachesim_hits(cache, keys: np.ndarray) -> np.ndarray:

@@ -32,6 +32,9 @@ from numba import njit
 from prefixshield.policies.kernels.linkedlist import move_to_tail_one as _move_to_tail1
 from prefixshield.policies.kernels.linkedlist import push_head_one as _push_head1
 from prefixshield.policies.kernels.linkedlist import push_tail_one as _push_tail1
+from prefixshield.policies.kernels.hashtable import delete as _ht_delete
+from prefixshield.policies.kernels.hashtable import find as _ht_find
+from prefixshield.policies.kernels.hashtable import insert as _ht_insert
 from prefixshield.policies.kernels.linkedlist import unlink_one as _unlink1
 
 FREE = 0
@@ -219,18 +222,20 @@ def on_acquire(blocks, member, in_use, cnt):
     return bad
 
 
+_TO_FREE = -2  # member[] mark of a block on_release is about to link into the free list
+
+
 @njit(cache=True)
 def on_release(blocks, cached, prev, nxt, member, length, num_blocks, in_use, key, cnt,
                current_mode):
     """Unpin ``blocks``; cached ones keep their queue position, the others become truly free
     (``current_mode``: at the head of the free list, reading in the given order; else at its
-    tail). Returns the number of bad blocks (not in use, or cached but unknown)."""
+    tail). Returns the number of bad blocks (not in use, or cached but unknown). Allocates
+    nothing: blocks to free are marked in ``member`` between the two passes."""
     bad = 0
     n = blocks.shape[0]
-    to_free = np.empty(n, dtype=np.bool_)
     for i in range(n):
         b = blocks[i]
-        to_free[i] = False
         if not in_use[b]:
             bad += 1
             continue
@@ -241,19 +246,25 @@ def on_release(blocks, cached, prev, nxt, member, length, num_blocks, in_use, ke
             if not cached[i]:  # content dropped without a reclamation: leave the queues
                 _unlink1(prev, nxt, member, length, b)
                 key[b] = 0
-                to_free[i] = True
+                member[b] = _TO_FREE
         else:
             if cached[i]:
                 bad += 1
-            to_free[i] = True
+            if m >= 0:  # a truly free block released again: relink it below
+                _unlink1(prev, nxt, member, length, b)
+            member[b] = _TO_FREE
     if current_mode:
         for i in range(n - 1, -1, -1):
-            if to_free[i]:
-                _push_head1(prev, nxt, member, length, num_blocks, FREE, blocks[i])
+            b = blocks[i]
+            if member[b] == _TO_FREE:
+                member[b] = -1
+                _push_head1(prev, nxt, member, length, num_blocks, FREE, b)
     else:
         for i in range(n):
-            if to_free[i]:
-                _push_tail1(prev, nxt, member, length, num_blocks, FREE, blocks[i])
+            b = blocks[i]
+            if member[b] == _TO_FREE:
+                member[b] = -1
+                _push_tail1(prev, nxt, member, length, num_blocks, FREE, b)
     return bad
 
 
@@ -344,4 +355,197 @@ def replay_keys(keys, hits, block_of, key_of, prev, nxt, member, length, num_blo
                               key, cnt, params, gkeys, gpos, gmap)
         bad += on_release(one, cached, prev, nxt, member, length, num_blocks, in_use, key, cnt,
                           current_mode)
+    return bad
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused whole-stream replay (the pure cache driver without pinning), over array hash tables.
+#
+# ``replay_keys`` above runs the policy's own kernels with 1-element arrays, and keeps the
+# key -> block map and the ghost in numba typed Dicts: ~10 Dict operations and several kernel
+# calls per miss. ``replay_keys_fused`` makes the same decisions (tested equal, request for
+# request and state for state) with the miss path inlined and both maps in open-addressing
+# tables of int64 keys (:mod:`~prefixshield.policies.kernels.hashtable`), allocated once per
+# replay. Preconditions (the wrapper falls back to ``replay_keys`` otherwise): every key
+# >= 0 and no block pinned. On return the policy's typed-Dict state (``block_of``, the ghost
+# ring) is written back, so every other kernel sees exactly what ``replay_keys`` leaves.
+
+@njit(cache=True, inline="always")
+def _ghost_put(ring, gpos, gk, gv, gshift, gmask, k):
+    """Append key ``k`` to the array ghost (a present key stays where it is)."""
+    if _ht_find(gk, k, gshift, gmask) >= 0:
+        return
+    rmask = ring.shape[0] - 1
+    if gpos[1] - gpos[0] > rmask:  # ring full of live and stale entries: compact (amortized)
+        live = np.empty(gpos[2], dtype=np.int64)
+        n = 0
+        for p in range(gpos[0], gpos[1]):
+            old = ring[p & rmask]
+            j = _ht_find(gk, old, gshift, gmask)
+            if j >= 0 and gv[j] == p:
+                live[n] = old
+                n += 1
+        for i in range(n):
+            ring[i] = live[i]
+            _ht_insert(gk, gv, live[i], i, gshift, gmask)
+        gpos[0] = 0
+        gpos[1] = n
+    p = gpos[1]
+    ring[p & rmask] = k
+    _ht_insert(gk, gv, k, p, gshift, gmask)
+    gpos[1] = p + 1
+    gpos[2] += 1
+
+
+@njit(cache=True, inline="always")
+def _ghost_trim(ring, gpos, gk, gv, gshift, gmask, ghost_size):
+    """Drop the oldest ghost keys until at most ``ghost_size`` remain."""
+    rmask = ring.shape[0] - 1
+    while gpos[2] > ghost_size and gpos[0] < gpos[1]:
+        p = gpos[0]
+        gpos[0] = p + 1
+        old = ring[p & rmask]
+        j = _ht_find(gk, old, gshift, gmask)
+        if j >= 0 and gv[j] == p:
+            _ht_delete(gk, gv, j, gshift, gmask)
+            gpos[2] -= 1
+
+
+@njit(cache=True)
+def replay_keys_fused(keys, hits, block_of, key_of, prev, nxt, member, length, num_blocks, freq,
+                      key, cnt, params, gkeys, gpos, gmap, bk, bv, bbits, ring, gk, gv, gbits):
+    """:func:`replay_keys` with the miss path fused (see the comment above). ``bk``/``bv``
+    (``2**bbits`` slots) and ``ring`` (a power of two) / ``gk``/``gv`` (``2**gbits`` slots)
+    are scratch arrays, ``bk`` and ``gk`` filled with -1. Returns the number of illegal
+    calls met (0 when the state was consistent)."""
+    small_size = params[P_SMALL_SIZE]
+    main_size = params[P_MAIN_SIZE]
+    ghost_size = params[P_GHOST_SIZE]
+    threshold = params[P_THRESHOLD]
+    freq_cap = params[P_FREQ_CAP]
+    bshift = np.uint64(64 - bbits)
+    bmask = (1 << bbits) - 1
+    gshift = np.uint64(64 - gbits)
+    gmask = (1 << gbits) - 1
+    rmask = ring.shape[0] - 1
+    # load the typed-Dict state into the tables
+    for kk, b in block_of.items():
+        _ht_insert(bk, bv, kk, b, bshift, bmask)
+    g = np.zeros(3, dtype=np.int64)  # ring head, ring tail (absolute), live keys
+    cap = gkeys.shape[0]
+    for p in range(gpos[0], gpos[1]):
+        k = gkeys[p % cap]
+        if k in gmap and gmap[k] == p:
+            ring[g[1] & rmask] = np.int64(k)
+            _ht_insert(gk, gv, np.int64(k), g[1], gshift, gmask)
+            g[1] += 1
+            g[2] += 1
+    free_head = num_blocks + 2 * FREE
+    small_head = num_blocks + 2 * SMALL
+    main_head = num_blocks + 2 * MAIN
+    bad = 0
+    for i in range(keys.shape[0]):
+        kk = keys[i]
+        j = _ht_find(bk, kk, bshift, bmask)
+        if j >= 0:  # hit: on_hit; acquire + release of a cached block change nothing else
+            hits[i] = True
+            b = bv[j]
+            m = member[b]
+            if m == SMALL or m == MAIN:
+                if freq[b] < freq_cap:
+                    freq[b] += 1
+            else:
+                bad += 1
+            continue
+        # miss: select_victims(1) -- truly free first, else one S3-FIFO eviction
+        _ghost_trim(ring, g, gk, gv, gshift, gmask, ghost_size)
+        if length[FREE] > 0:
+            b = nxt[free_head]
+            _unlink1(prev, nxt, member, length, b)
+            cnt[C_TRULY_FREE_TAKEN] += 1
+        else:
+            b = -1
+            while b < 0:
+                if length[SMALL] + length[MAIN] <= 0:
+                    return bad + 1
+                cnt[C_HAS_EVICTED] = 1
+                if length[MAIN] > main_size or length[SMALL] == 0:
+                    while True:  # evict from main
+                        c = nxt[main_head]
+                        f = freq[c]
+                        if f >= 1:
+                            _move_to_tail1(prev, nxt, member, length, num_blocks, MAIN, c)
+                            freq[c] = min(f, 3) - 1
+                            cnt[C_MAIN_REINSERTS] += 1
+                        else:
+                            _unlink1(prev, nxt, member, length, c)
+                            key[c] = 0
+                            cnt[C_EVICTED_MAIN] += 1
+                            b = c
+                            break
+                else:
+                    while length[SMALL] > 0:  # evict from small
+                        c = nxt[small_head]
+                        if freq[c] >= threshold:
+                            _move_to_tail1(prev, nxt, member, length, num_blocks, MAIN, c)
+                            freq[c] = 0
+                            cnt[C_PROMOTIONS] += 1
+                        else:
+                            _unlink1(prev, nxt, member, length, c)
+                            if ghost_size > 0:
+                                _ghost_put(ring, g, gk, gv, gshift, gmask, np.int64(key[c]))
+                            freq[c] = 0
+                            key[c] = 0
+                            cnt[C_EVICTED_SMALL] += 1
+                            b = c
+                            break
+        old = key_of[b]
+        if old >= 0:
+            _ht_delete(bk, bv, _ht_find(bk, old, bshift, bmask), bshift, bmask)
+        key_of[b] = kk
+        _ht_insert(bk, bv, kk, b, bshift, bmask)
+        # on_materialize: ghost hit -> main; small full before any eviction -> main; else small
+        key[b] = np.uint64(kk)
+        freq[b] = 0
+        q = SMALL
+        if ghost_size > 0:
+            j = _ht_find(gk, kk, gshift, gmask)
+            if j >= 0:
+                _ht_delete(gk, gv, j, gshift, gmask)
+                g[2] -= 1
+                q = MAIN
+                cnt[C_GHOST_HITS] += 1
+        if q == SMALL and cnt[C_HAS_EVICTED] == 0 and length[SMALL] >= small_size:
+            q = MAIN
+            cnt[C_WARMUP_MAIN_INSERTS] += 1
+        _push_tail1(prev, nxt, member, length, num_blocks, q, b)
+        _ghost_trim(ring, g, gk, gv, gshift, gmask, ghost_size)
+    # write the tables back into the typed-Dict state
+    old_keys = np.empty(len(block_of), dtype=np.int64)
+    n = 0
+    for kk in block_of.keys():
+        old_keys[n] = kk
+        n += 1
+    for t in range(n):
+        del block_of[old_keys[t]]
+    for b in range(num_blocks):
+        if key_of[b] >= 0:
+            block_of[key_of[b]] = np.int32(b)
+    ghost_old = np.empty(len(gmap), dtype=np.uint64)
+    n = 0
+    for k in gmap.keys():
+        ghost_old[n] = k
+        n += 1
+    for t in range(n):
+        del gmap[ghost_old[t]]
+    n = 0
+    for p in range(g[0], g[1]):
+        k = ring[p & rmask]
+        j = _ht_find(gk, k, gshift, gmask)
+        if j >= 0 and gv[j] == p:
+            gkeys[n] = np.uint64(k)
+            gmap[np.uint64(k)] = n
+            n += 1
+    gpos[0] = 0
+    gpos[1] = n
     return bad

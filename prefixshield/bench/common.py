@@ -1,0 +1,110 @@
+"""What every benchmark section shares: its result type, timing helpers, the progress callback.
+
+A section measures something *and its anchor in the same run* (the reference it is a ratio
+against: the step-by-step engine, libCacheSim's C path, vLLM's own pool, ...), because the
+machines these run on are shared and noisy: absolute times are printed and written, never
+asserted; the ratio is what to compare across runs and machines.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+Tick = Callable[[str], None]
+"""Progress callback: called with a short description once per step a section announced."""
+
+
+def no_progress(_description: str) -> None:
+    """A :data:`Tick` that shows nothing."""
+
+
+@dataclass
+class Column:
+    """One column of a section's table.
+
+    Attributes:
+        key: the row dict key.
+        header: the table header.
+        fmt: ``format`` spec for numbers (``","``, ``".2f"``...); strings print as they are.
+        suffix: appended after a formatted number (``"x"`` for ratios).
+    """
+
+    key: str
+    header: str
+    fmt: str = ""
+    suffix: str = ""
+
+    def render(self, value: Any) -> str:
+        """The cell text of ``value`` (``-`` for None)."""
+        if value is None:
+            return "-"
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        if isinstance(value, (int, float)):
+            return format(value, self.fmt) + self.suffix
+        return str(value)
+
+
+@dataclass
+class SectionResult:
+    """The outcome of one benchmark section.
+
+    Attributes:
+        name: short machine name (the ``--json`` key, ``--section`` value).
+        title: the table title.
+        columns: the table columns, in order.
+        rows: one dict per table row; values are str, bool, int or finite float (or None for
+            "not measured"), every number also written to ``--json``.
+        notes: lines printed under the table (what each ratio is measured against, targets).
+        skipped: why the section did not run (then ``rows`` is empty), or None.
+        extra: further machine-readable numbers (written to ``--json`` only).
+    """
+
+    name: str
+    title: str
+    columns: list[Column] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    skipped: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able dict of everything measured (raises ``ValueError`` on a non-finite
+        number, naming the row and key: a benchmark never writes NaN or inf)."""
+        for i, row in enumerate(self.rows):
+            for k, v in row.items():
+                if isinstance(v, float) and not math.isfinite(v):
+                    raise ValueError(f"bench section {self.name!r}: row {i} has {k} = {v}")
+        return {"title": self.title, "rows": self.rows, "notes": self.notes,
+                "skipped": self.skipped, "extra": self.extra}
+
+
+def wall(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """``(fn(), wall seconds)`` with ``time.perf_counter``."""
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def best_of_interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+    """Least wall seconds of each of ``fns`` over ``repeats`` rounds, the functions interleaved
+    within each round (so a burst of load on a shared machine hits all of them alike)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    best = {k: math.inf for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            _, dt = wall(fn)
+            best[k] = min(best[k], dt)
+    return best
+
+
+def ratio(num: float, den: float) -> float:
+    """``num / den``; raises ``ValueError`` when ``den`` is not positive (a timing of 0 s means
+    the clock is too coarse for the work measured)."""
+    if not den > 0:
+        raise ValueError(f"cannot form a ratio over {den!r} (timed work too short for the clock)")
+    return num / den

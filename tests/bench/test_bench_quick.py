@@ -1,0 +1,53 @@
+"""``prefixshield bench --quick --json F`` runs every section and writes only finite numbers.
+
+A smoke test: it never asserts a speed (the machines are shared; see prefixshield.bench)."""
+
+import json
+import math
+
+from click.testing import CliRunner
+
+from prefixshield.bench import SECTION_NAMES
+from prefixshield.cli import main
+
+
+def numbers(obj, path="$"):
+    """Every (path, number) in a JSON document."""
+    if isinstance(obj, bool):
+        return
+    if isinstance(obj, (int, float)):
+        yield path, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from numbers(v, f"{path}.{k}")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from numbers(v, f"{path}[{i}]")
+
+
+def test_bench_quick_runs_every_section_and_writes_finite_numbers(tmp_path, monkeypatch):
+    monkeypatch.setenv("PREFIXSHIELD_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, ["bench", "--quick", "--json", str(out)])
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    report = json.loads(out.read_text())
+    assert report["quick"] is True
+    assert list(report["sections"]) == list(SECTION_NAMES)
+    for name, section in report["sections"].items():
+        if name in ("pool", "plugin"):  # need vLLM: skipped under --quick, and say so
+            assert section["skipped"] and "--quick" in section["skipped"]
+            assert name in result.output or section["skipped"] in result.output
+            continue
+        assert section["skipped"] is None and section["rows"], name
+    found = list(numbers(report))
+    assert len(found) > 50
+    bad = [(p, v) for p, v in found if not math.isfinite(v)]
+    assert not bad, bad
+    for title in ("engine throughput", "start-up", "key-stream replay", "victim selection",
+                  "policy state bytes"):
+        assert title in result.output
+
+
+def test_bench_rejects_an_unknown_section():
+    result = CliRunner().invoke(main, ["bench", "--section", "warp-drive"])
+    assert result.exit_code != 0 and "unknown bench section 'warp-drive'" in result.output
