@@ -13,9 +13,10 @@ from prefixshield.traces.io import read_trace
 from prefixshield.traces.schema import TraceError
 from prefixshield.traces.transform import limit_request_tokens
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-MOONCAKE = DATA / "mooncake" / "synthetic_trace.jsonl"
-AZURE = DATA / "azure-llm-2023" / "AzureLLMInferenceTrace_conv.csv"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+"""Leading cuts of the public traces in ../shared/data, with their licences (see README.md)."""
+MOONCAKE = FIXTURES / "mooncake_synthetic_head1000.jsonl"
+AZURE = FIXTURES / "azure_conv_head4000.csv"
 
 
 def head(path: Path, n: int) -> bytes:
@@ -133,9 +134,8 @@ def test_zipf_tenants_come_out_heterogeneous():
     share = tr.requests["group"].value_counts(normalize=True).reindex(
         [f"group{i}" for i in range(4)])
     assert share.is_monotonic_decreasing and share.iloc[0] > 2.5 * share.iloc[3]
-    conv = importers.import_sharegpt(DATA / "sharegpt" /
-                                     "ShareGPT_V3_unfiltered_cleaned_split.first570.json",
-                                     num_groups=3, assign="zipf", tenant_skew=2.0)
+    conv = importers.import_sharegpt(FIXTURES / "sharegpt_first60.json", num_groups=3,
+                                     assign="zipf", tenant_skew=2.0)
     per_conv = conv.requests.groupby("prefix_id")["group"].nunique()
     assert (per_conv == 1).all()  # a conversation stays in one tenant
     counts = conv.requests.groupby("group")["prefix_id"].nunique()

@@ -12,8 +12,8 @@ from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import load_profile
 from prefixshield.traces.importers import MOONCAKE_BLOCK_TOKENS, import_mooncake
 
-MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "data" / "mooncake" / \
-    "synthetic_trace.jsonl"
+MOONCAKE = Path(__file__).resolve().parent / "fixtures" / "mooncake_synthetic_head1000.jsonl"
+"""The first 1,000 requests of Mooncake's FAST'25 sample (fixtures/README.md)."""
 BLOCK = 16
 
 
