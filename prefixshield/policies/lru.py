@@ -63,13 +63,7 @@ def _replay_keys_table(keys, hits, block_of, key_of, prev, nxt, member, length, 
             ht.insert(tk, tv, kk, b, shift, mask)
         ll.unlink_one(prev, nxt, member, length, b)
         ll.push_tail_one(prev, nxt, member, length, num_blocks, 0, b)
-    old_keys = np.empty(len(block_of), dtype=np.int64)
-    n = 0
-    for kk in block_of.keys():
-        old_keys[n] = kk
-        n += 1
-    for t in range(n):
-        del block_of[old_keys[t]]
+    block_of.clear()
     for j in range(tk.shape[0]):
         if tk[j] != ht.EMPTY:
             block_of[tk[j]] = tv[j]

@@ -521,23 +521,11 @@ def replay_keys_fused(keys, hits, block_of, key_of, prev, nxt, member, length, n
         _push_tail1(prev, nxt, member, length, num_blocks, q, b)
         _ghost_trim(ring, g, gk, gv, gshift, gmask, ghost_size)
     # write the tables back into the typed-Dict state
-    old_keys = np.empty(len(block_of), dtype=np.int64)
-    n = 0
-    for kk in block_of.keys():
-        old_keys[n] = kk
-        n += 1
-    for t in range(n):
-        del block_of[old_keys[t]]
+    block_of.clear()
     for b in range(num_blocks):
         if key_of[b] >= 0:
             block_of[key_of[b]] = np.int32(b)
-    ghost_old = np.empty(len(gmap), dtype=np.uint64)
-    n = 0
-    for k in gmap.keys():
-        ghost_old[n] = k
-        n += 1
-    for t in range(n):
-        del gmap[ghost_old[t]]
+    gmap.clear()
     n = 0
     for p in range(g[0], g[1]):
         k = ring[p & rmask]
