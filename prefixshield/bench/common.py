@@ -82,6 +82,19 @@ class SectionResult:
                 "skipped": self.skipped, "extra": self.extra}
 
 
+def vllm_skip_reason(quick: bool, section: str) -> str | None:
+    """Why a section that drives vLLM does not run (under ``--quick``, or without vLLM), or
+    None when it runs."""
+    import importlib.util
+
+    if quick:
+        return ("skipped under --quick (importing vLLM takes several CPU-seconds here); "
+                f"run `prefixshield bench --section {section}`")
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed (make install-vllm)"
+    return None
+
+
 def wall(fn: Callable[[], Any]) -> tuple[Any, float]:
     """``(fn(), wall seconds)`` with ``time.perf_counter``."""
     t0 = time.perf_counter()

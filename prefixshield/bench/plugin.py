@@ -16,10 +16,10 @@ several CPU-seconds, so ``--quick`` skips this section.
 
 from __future__ import annotations
 
-import importlib.util
 import time
 
-from prefixshield.bench.common import Column, SectionResult, Tick, no_progress, ratio
+from prefixshield.bench.common import (Column, SectionResult, Tick, no_progress, ratio,
+                                       vllm_skip_reason)
 
 GROUPS = ["default", "tenant-a", "tenant-b"]
 TARGET_RATIO = 1.1
@@ -126,12 +126,8 @@ def run(quick: bool = False, tick: Tick = no_progress, num_blocks: int = 1024,
         [Column("level", "level"), Column("operations", "operations", ","),
          Column("native_us", "native us/op", ".2f"), Column("plugin_us", "plugin us/op", ".2f"),
          Column("plugin_over_native", "plugin / native", ".2f", "x")])
-    if quick:
-        res.skipped = ("skipped under --quick (importing vLLM takes several CPU-seconds here); "
-                       "run `prefixshield bench --section plugin`")
-        return res
-    if importlib.util.find_spec("vllm") is None:
-        res.skipped = "vLLM is not installed (make install-vllm)"
+    res.skipped = vllm_skip_reason(quick, "plugin")
+    if res.skipped:
         return res
     tick("plugin: importing vLLM, warm-up")
     from prefixshield.validate import plugin

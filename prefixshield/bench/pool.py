@@ -10,13 +10,12 @@ total of cached tokens (checked). Best of 3 each; the anchor is vLLM's manager. 
 
 from __future__ import annotations
 
-import importlib.util
 import random
 
 import numpy as np
 
 from prefixshield.bench.common import (Column, SectionResult, Tick, best_of_interleaved,
-                                       no_progress, ratio)
+                                       no_progress, ratio, vllm_skip_reason)
 
 CASES = ((512, 16), (4096, 16), (4096, 32))
 NUM_REQUESTS = 2000
@@ -86,12 +85,8 @@ def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
          Column("ours_req_per_s", "ours req/s", ",.0f"),
          Column("vllm_req_per_s", "vLLM req/s", ",.0f"),
          Column("ours_over_vllm", "ours / vLLM (speed)", ".2f", "x")])
-    if quick:
-        res.skipped = ("skipped under --quick (importing vLLM takes several CPU-seconds here); "
-                       "run `prefixshield bench --section pool`")
-        return res
-    if importlib.util.find_spec("vllm") is None:
-        res.skipped = "vLLM is not installed (make install-vllm)"
+    res.skipped = vllm_skip_reason(quick, "pool")
+    if res.skipped:
         return res
     for num_blocks, block_size in CASES:
         tick(f"pool: {num_blocks:,} blocks x {block_size} tokens")
