@@ -123,26 +123,41 @@ def task_key(kind: str, workload: str, settings: Mapping[str, Any], seed: int) -
     the profile's coefficients, alpha, the workload's complete params (defaults filled in) and
     the contract table. So two cells that spell the same run differently (``blocks=512`` in a
     capacity sweep, nothing in an attack table) share one simulation."""
+    d = {**_resolved_run(kind, workload, settings), "seed": seed}
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+_RESOLVED: dict[str, dict] = {}
+"""What a point's settings resolve to, by their canonical JSON (one resolution per point, not
+per seed: the seed is the only difference between a point's tasks)."""
+
+
+def _resolved_run(kind: str, workload: str, settings: Mapping[str, Any]) -> dict:
+    canonical = {k: jsonable(v) for k, v in sorted(trace_settings(settings).items())}
+    memo = json.dumps([kind, workload, canonical], sort_keys=True, default=str)
+    if memo in _RESOLVED:
+        return _RESOLVED[memo]
     if kind != "simulate":
-        d: dict[str, Any] = {"kind": kind, "workload": workload, "seed": seed,
-                             "settings": {k: jsonable(v) for k, v in sorted(settings.items())}}
+        d: dict[str, Any] = {"kind": kind, "workload": workload, "settings": canonical}
     else:
         from prefixshield.workloads import make_params, params_to_dict
 
-        spec = run_spec(workload, trace_settings(settings), seed, ("lru",))
-        params = dict(seed=seed, alpha=spec.alpha, block_size=spec.engine.block_size,
+        spec = run_spec(workload, trace_settings(settings), 0, ("lru",))
+        params = dict(seed=0, alpha=spec.alpha, block_size=spec.engine.block_size,
                       num_blocks=spec.engine.num_blocks, **spec.overrides)
         if spec.contracts is not None:
             params["contracts"] = spec.contracts
         try:
             resolved = params_to_dict(make_params(workload, **params))
+            del resolved["seed"]  # the task's seed enters the key beside it
         except (ValueError, TypeError):
             resolved = {k: jsonable(v) for k, v in sorted(spec.overrides.items())}
-        d = {"kind": kind, "workload": workload, "seed": seed,
+        d = {"kind": kind, "workload": workload,
              "engine": spec.engine.to_dict(), "cost": dataclasses.asdict(spec.profile.cost),
              "alpha": spec.alpha, "params": resolved,
              "contracts": {k: dataclasses.asdict(c) for k, c in spec.contract_table.items()}}
-    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    _RESOLVED[memo] = d
+    return d
 
 
 def plan_tasks(experiments: list[Experiment], done: set[tuple]) -> tuple[list[Task],

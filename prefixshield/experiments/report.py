@@ -518,9 +518,10 @@ SECTION_BUILDERS = {
 
 
 # ------------------------------------------------------------------------------ writing
-def build_sections(store: ResultsStore) -> list[Section]:
-    """The report's sections for ``store`` (figures are written as they are built)."""
-    cells = store.load()
+def build_sections(store: ResultsStore, cells: pd.DataFrame | None = None) -> list[Section]:
+    """The report's sections for ``store`` (figures are written as they are built); ``cells``:
+    the store's cells if already loaded."""
+    cells = store.load() if cells is None else cells
     root = store.root
     if store.meta.get("kind") == "reproduce":
         from prefixshield.experiments.reproduce import REPRODUCE_SECTIONS
@@ -538,7 +539,8 @@ def build_sections(store: ResultsStore) -> list[Section]:
 def build_report(store: ResultsStore) -> list[Section]:
     """Write every table (``tables/NAME.md``, ``tables/NAME.csv``), figure (``figures/``) and
     ``index.md`` of ``store`` from its cells; returns the sections."""
-    sections = build_sections(store)
+    cells = store.load()
+    sections = build_sections(store, cells)
     root = store.root
     for sec in sections:
         for t in sec.tables:
@@ -548,15 +550,15 @@ def build_report(store: ResultsStore) -> list[Section]:
             write_text(root / "tables" / f"{t.name}.md", md)
             write_with(root / "tables" / f"{t.name}.csv",
                        lambda tmp, d=t.data: d.to_csv(tmp, index=False))
-    write_text(root / "index.md", index_markdown(store, sections))
+    write_text(root / "index.md", index_markdown(store, sections, cells))
     return sections
 
 
-def index_markdown(store: ResultsStore, sections: list[Section]) -> str:
-    """``index.md``: setup, provenance, and every section's tables (inline) and figures."""
+def index_markdown(store: ResultsStore, sections: list[Section], cells: pd.DataFrame) -> str:
+    """``index.md``: setup, provenance, and every section's tables (inline) and figures;
+    ``cells`` are the store's cells (for the counts)."""
     meta = store.meta
     prov = meta.get("provenance", {})
-    cells = store.load()
     n_ok = int((cells["status"] == "ok").sum()) if len(cells) else 0
     n_failed = int((cells["status"] == "failed").sum()) if len(cells) else 0
     lines = [f"# prefixshield {meta.get('kind', 'results')}", ""]
