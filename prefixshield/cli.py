@@ -239,6 +239,7 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
 
     from prefixshield.atomic import write_with
     from prefixshield.experiments.overrides import parse_overrides
+    from prefixshield.experiments.analysis import fmt_ci
     from prefixshield.experiments.paired import paired_table, run_paired
     from prefixshield.experiments.single import RunSpec, build_trace
     from prefixshield.simulator.config import EngineConfig
@@ -284,12 +285,11 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
             continue
         row = [r["policy"], str(r["runs"]) if not r["failed"] else f"{r['runs']} of {seeds}",
                f"{100 * r['hit_ratio_mean']:.2f}%",
-               _fmt_ci(100 * r['hit_ratio_diff'], 100 * r['hit_ratio_ci_low'],
-                       100 * r['hit_ratio_ci_high'], ".2f"),
+               fmt_ci(r['hit_ratio_diff'], r['hit_ratio_ci_low'], r['hit_ratio_ci_high']),
                f"{100 * r['token_hit_ratio_mean']:.2f}%",
                f"{r['p95_ttft_s_mean']:.3f}",
-               _fmt_ci(r['p95_ttft_s_diff'], r['p95_ttft_s_ci_low'], r['p95_ttft_s_ci_high'],
-                       ".3f")]
+               fmt_ci(r['p95_ttft_s_diff'], r['p95_ttft_s_ci_low'], r['p95_ttft_s_ci_high'],
+                      1.0, 3)]
         if attack:
             m = means.loc[r["policy"]]
             row += [_fmt(m["attacker_pressure_ratio"], ".2f"),
@@ -329,13 +329,6 @@ def _print_header(workload, trace, spec, info) -> None:
                       f"{meta['designed_pressure_ratio']:.2f} x its refill "
                       f"({meta['attacker_rho_blocks_per_s']:g} blocks/s)"
                       + ("" if meta["params"].get("attack", True) else "; silent (control)"))
-
-
-def _fmt_ci(d: float, lo: float, hi: float, spec: str) -> str:
-    """``+1.23 [+0.45, +2.01]`` with ``spec`` digits; ``-`` when undefined."""
-    if d != d:
-        return "-"
-    return f"{d:+{spec}} [{lo:+{spec}}, {hi:+{spec}}]"
 
 
 def _fmt(x: float, spec: str) -> str:
