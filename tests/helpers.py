@@ -49,3 +49,33 @@ def make_trace(rows: list[dict], seed: int = 0) -> Trace:
         d["segment_lengths"] = np.asarray(d["segment_lengths"], dtype=np.int64)
         full.append(d)
     return Trace(pd.DataFrame(full), seed=seed).validate()
+
+
+def assert_same_run(a, b, steps: bool = True) -> None:
+    """Two :class:`~prefixshield.simulator.engine.RunResult` bit-identical (no tolerance
+    anywhere): records, occupancy (values and dtypes), eviction matrix, policy stats, creation
+    logs (values and dtypes) and, with ``steps``, the step count."""
+    assert a.records.equals(b.records), "records differ"
+    assert np.array_equal(a.occupancy_t, b.occupancy_t), "occupancy times differ"
+    assert np.array_equal(a.occupancy, b.occupancy), "occupancy differs"
+    assert a.occupancy.dtype == b.occupancy.dtype and a.occupancy_t.dtype == b.occupancy_t.dtype
+    assert np.array_equal(a.evictions, b.evictions), "evictions differ"
+    assert a.policy_stats == b.policy_stats, "policy stats differ"
+    assert a.creations.keys() == b.creations.keys()
+    for k in a.creations:
+        assert a.creations[k].dtype == b.creations[k].dtype, f"creations[{k!r}] dtype"
+        assert np.array_equal(a.creations[k], b.creations[k]), f"creations[{k!r}] differ"
+    if steps:
+        assert a.num_steps == b.num_steps, "step counts differ"
+
+
+def small_trace(name: str, seed: int = 0) -> Trace:
+    """Workload ``name`` at the shortest measured phase (of a few) its generator accepts."""
+    from prefixshield.workloads import generate
+
+    for duration_s in (5.0, 10.0, 20.0, 40.0):
+        try:
+            return generate(name, duration_s=duration_s, seed=seed)
+        except ValueError:
+            continue
+    raise AssertionError(f"workload {name!r} does not generate at any short duration")

@@ -7,6 +7,10 @@ Azure-conversation) output lengths, plus ``one_touch`` at 4,096 blocks with 16-6
 step-by-step engine (``Engine(..., batched=False)``, the bit-identical oracle of the batched
 step) run it, first once each as JIT warm-up and checked bit-identical, then interleaved, best
 of ``repeats``. The anchor of every row is the step-by-step path in the same run.
+
+The batched engine takes the fused event loop (:mod:`prefixshield.simulator.fused`, one numba
+kernel call per run) where it applies (LRU with the linear cost model: every row but
+PrefixShield's) and the per-step batched path otherwise; the ``batched path`` column says which.
 """
 
 from __future__ import annotations
@@ -53,14 +57,16 @@ def same_run(a, b) -> None:
 
 def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
     """Measure every case of :func:`cases` (``quick``: 15 simulated seconds per trace instead of
-    the workloads' 60, LRU only, best of 1 instead of 3)."""
+    the workloads' 60, LRU only, best of 1 instead of 5)."""
     from prefixshield.experiments.single import RunSpec, build_trace
     from prefixshield.policies import make_policy
     from prefixshield.simulator.config import EngineConfig
     from prefixshield.simulator.costmodel import load_profile
     from prefixshield.simulator.engine import Engine
 
-    repeats = 1 if quick else 3
+    # best of 5: the fused runs take milliseconds, so one noisy neighbour's burst can spoil a
+    # few of them on a shared machine
+    repeats = 1 if quick else 5
     profile = load_profile("l4-qwen2.5-1.5b")
     res = SectionResult(
         "engine", "engine throughput: simulated requests per wall second (same trace, same run)",
@@ -70,6 +76,7 @@ def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
          Column("step_req_per_s", "step-by-step req/s", ",.0f"),
          Column("batched_req_per_s", "batched req/s", ",.0f"),
          Column("batched_over_step", "batched / step-by-step", ".2f", "x"),
+         Column("path", "batched path"),
          Column("events", "events", ","), Column("steps", "steps", ",")])
     for workload, blocks, label, overrides, policy in cases(quick):
         tick(f"engine: {workload} at {blocks} blocks, {label}, {policy}")
@@ -81,6 +88,8 @@ def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
             return Engine(trace, make_policy(policy, blocks), profile.cost, config,
                           batched=batched).run()
 
+        fused = Engine(trace, make_policy(policy, blocks), profile.cost, config).fused_applies()
+
         last = engine_run(True)
         same_run(engine_run(False), last)  # also the JIT warm-up of both paths
         best = best_of_interleaved({"step": lambda: engine_run(False),
@@ -91,6 +100,7 @@ def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
             "requests": n, "step_req_per_s": n / best["step"],
             "batched_req_per_s": n / best["batched"],
             "batched_over_step": ratio(best["step"], best["batched"]),
+            "path": "fused" if fused else "per-step",
             "events": int(last.num_events), "steps": int(last.num_steps),
             "step_wall_s": best["step"], "batched_wall_s": best["batched"]})
     target = [r for r in res.rows if r["workload"] == "one_touch" and r["blocks"] == 4096
@@ -106,4 +116,7 @@ def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
     res.notes.append(f"anchor: the step-by-step engine on the same trace, interleaved, best of "
                      f"{repeats}; both paths checked bit-identical first. Trace building and the "
                      f"C_prefill probe are not timed.")
+    res.notes.append("batched path: fused = the whole event loop in one numba kernel call (LRU, "
+                     "linear cost model); per-step = one scheduler iteration per SimPy event "
+                     "(other policies)")
     return res

@@ -167,6 +167,9 @@ class BlockPool:
         num_blocks: configured blocks, null block included (usable = ``num_blocks - 1``).
         policy: the replacement policy; it holds the free blocks.
         num_groups: accounting groups that may allocate (ids ``0 .. num_groups-1``).
+        hash_map_slots: slots of the hash map, a power of two >= ``2 * num_blocks`` (the most
+            hashes it holds is one per block); None sizes it by :meth:`default_hash_map_slots`.
+            Only speed depends on it.
 
     Attributes:
         ref_cnt: int32 per block; number of running requests using the block.
@@ -178,7 +181,20 @@ class BlockPool:
             pressure and debt reports under any policy.
     """
 
-    def __init__(self, num_blocks: int, policy: Policy, num_groups: int) -> None:
+    SPARSE_MAP_BLOCKS = 1 << 16
+    """Pools of at most this many blocks get a hash map 8x their size, larger ones 2x."""
+
+    @classmethod
+    def default_hash_map_slots(cls, num_blocks: int) -> int:
+        """Slots of the hash map by default: a power of two at least 8x ``num_blocks`` (at most
+        1/8 full: probe runs and backward shifts stay short, which more than halves the cost of
+        an insert plus an eviction against a half-full table) up to
+        :attr:`SPARSE_MAP_BLOCKS` blocks, 2x above (16 bytes a slot)."""
+        factor = 8 if num_blocks <= cls.SPARSE_MAP_BLOCKS else 2
+        return 1 << max(4, int(factor * num_blocks - 1).bit_length())
+
+    def __init__(self, num_blocks: int, policy: Policy, num_groups: int,
+                 hash_map_slots: int | None = None) -> None:
         if num_blocks < 2:
             raise ValueError(f"num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}")
         if policy.num_blocks != num_blocks:
@@ -196,7 +212,11 @@ class BlockPool:
         self.creations = CreationLog()
         # hash -> first block with it; capacity a power of two >= 2x the most hashes (one per
         # block), so probe runs stay short
-        cap = 1 << max(4, int(2 * num_blocks - 1).bit_length())
+        cap = (self.default_hash_map_slots(num_blocks) if hash_map_slots is None
+               else int(hash_map_slots))
+        if cap & (cap - 1) or cap < 2 * num_blocks:
+            raise ValueError(f"hash_map_slots must be a power of two >= 2 x num_blocks "
+                             f"({2 * num_blocks}), got {hash_map_slots}")
         self._map_keys = np.zeros(cap, dtype=np.uint64)
         self._map_vals = np.zeros(cap, dtype=np.int64)
         self._map_size = np.zeros(1, dtype=np.int64)

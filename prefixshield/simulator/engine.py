@@ -28,7 +28,12 @@ kept as the executable spec the batched one is tested against:
   (:mod:`prefixshield.simulator.batch`); ``allocate_slots`` is called only for the requests
   whose step opens or fills a block, and Python otherwise touches only the requests that are
   admitted, preempted or finish. Most decode steps of a request (14 of every 16 with 16-token
-  blocks) cost no Python at all.
+  blocks) cost no Python at all;
+* fused (the default where it applies: the LRU policy, the linear :class:`CostModel`, no
+  ``observe``): the batched step's whole event loop -- arrivals, steps, coalesced decode
+  jumps, the pool and the free queue -- runs in one numba kernel call per run
+  (:mod:`prefixshield.simulator.fused`), with SimPy's event order replayed exactly;
+  ``fused=False`` keeps the per-step batched path.
 """
 
 from __future__ import annotations
@@ -42,7 +47,9 @@ import pandas as pd
 import simpy
 
 from prefixshield.policies.base import Policy
+from prefixshield.policies.lru import LRUPolicy
 from prefixshield.simulator import batch as bk
+from prefixshield.simulator import fused as fz
 from prefixshield.simulator.blockpool import BlockPool
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import CostModel
@@ -53,6 +60,21 @@ from prefixshield.traces.tokens import prompt_token_ids
 
 OUTPUT_SEED_SALT = 0x0DEC0DE
 """Mixed into the trace seed for the tokens of requests without an ``output_segment_id``."""
+
+
+def _index_of(column: pd.Series, names: list[str]) -> np.ndarray:
+    """Position in ``names`` of every cell of ``column`` as a string (int64): what
+    ``column.astype(str).map(index)`` gives, with one lookup per distinct cell."""
+    codes, uniques = pd.factorize(column, use_na_sentinel=False)
+    index = {name: i for i, name in enumerate(names)}
+    return np.array([index[str(u)] for u in uniques], dtype=np.int64)[codes]
+
+
+def _flat_int64(cells: list) -> np.ndarray:
+    """The cells (sequences of ints) one after another, int64."""
+    if not cells:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate(cells).astype(np.int64, copy=False)
 
 
 class EngineError(RuntimeError):
@@ -107,30 +129,37 @@ class Engine:
             which the tests use to check the jump).
         batched: run the batched step (struct-of-arrays running batch, numba kernels); False
             runs the step-by-step path, the oracle it is tested bit-identical to.
+        fused: with ``batched``, run the whole event loop in one numba kernel
+            (:mod:`prefixshield.simulator.fused`) when the run allows it (see
+            :meth:`fused_applies`); False always takes the per-step batched path. Same results.
 
     While the batched step runs, the token counters (``num_computed_tokens``,
     ``num_output_done``) of the :class:`Sequence` objects in :attr:`running` are not kept up to
     date: the matrix ``_state`` holds them, and they are copied into a sequence only when it is
     handed to the cache manager (allocation, preemption, completion). The block tables, and
     everything about waiting sequences, are always in the sequences.
+
+    The fused loop builds no :class:`Sequence` at all: ``_state``, flat block tables and flat
+    block hashes are the whole request state, :attr:`running` and :attr:`waiting` stay empty,
+    and after the run ``pool.creations`` is a :class:`~prefixshield.simulator.fused.ColumnCreationLog`
+    and ``env`` a fresh environment at the run's end time.
     """
 
     def __init__(self, trace: Trace, policy: Policy, cost: CostModel, config: EngineConfig,
                  contracts: Mapping[str, Contract] = DEFAULT_CONTRACTS,
-                 coalesce_decode: bool = True, batched: bool = True) -> None:
+                 coalesce_decode: bool = True, batched: bool = True, fused: bool = True) -> None:
         self.trace = trace
         self.coalesce_decode = coalesce_decode
         self.batched = batched
+        self.fused = fused
         self.config = config
         self.cost = cost
         df = trace.requests
         # Declared tenants included: a silent (configured, request-less) group still counts.
         self.groups: list[str] = trace.group_names()
         self.contracts: list[str] = trace.contract_names()
-        gidx = {g: i for i, g in enumerate(self.groups)}
-        cidx = {c: i for i, c in enumerate(self.contracts)}
-        self.group_id = df["group"].astype(str).map(gidx).to_numpy(np.int64)
-        self.contract_id = df["contract"].astype(str).map(cidx).to_numpy(np.int64)
+        self.group_id = _index_of(df["group"], self.groups)
+        self.contract_id = _index_of(df["contract"], self.contracts)
         self.arrival_s = df["arrival_s"].to_numpy(np.float64)
         self.prefix_id = df["prefix_id"].to_numpy(np.int64)
         self.output_tokens = df["output_tokens"].to_numpy(np.int64)
@@ -142,10 +171,10 @@ class Engine:
         # The segments flattened (request i's at _seg_offsets[i]:_seg_offsets[i+1]), for the
         # batched path's token kernel; the prompt lengths (Trace.prompt_lengths, which sums
         # row by row) fall out of them.
-        lens = [np.asarray(x, dtype=np.int64) for x in self._segment_lengths]
         self._seg_offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum([x.shape[0] for x in lens], out=self._seg_offsets[1:])
-        self._seg_lens_flat = np.concatenate(lens) if n else np.zeros(0, np.int64)
+        np.cumsum(np.fromiter(map(len, self._segment_lengths), np.int64, n),
+                  out=self._seg_offsets[1:])
+        self._seg_lens_flat = _flat_int64(self._segment_lengths)
         summed = np.zeros(self._seg_lens_flat.shape[0] + 1, dtype=np.int64)
         np.cumsum(self._seg_lens_flat, out=summed[1:])
         self.prompt_tokens = summed[self._seg_offsets[1:]] - summed[self._seg_offsets[:-1]]
@@ -196,9 +225,7 @@ class Engine:
         if batched:
             # Token ids and block hashes are built for a chunk of arrivals per kernel call
             # (batch.build_sequences) instead of a handful of calls per request.
-            self._seg_ids_flat = (np.concatenate([np.asarray(x, dtype=np.int64)
-                                                  for x in self._segment_ids])
-                                  if n else np.zeros(0, np.int64))
+            self._seg_ids_flat = _flat_int64(self._segment_ids)
             self._total_tokens = self.prompt_tokens + self.output_tokens
             self._chunk_lo = self._chunk_hi = 0
 
@@ -396,14 +423,20 @@ class Engine:
     def _idle_until_arrival(self):
         if self._next_arrival >= len(self.arrival_s):
             seq = self._waiting_head()
-            raise EngineError(
-                f"request {int(self.trace.requests['request_id'].iloc[seq.request_id])} of group "
-                f"{self.groups[seq.group]!r} can never be admitted: it needs "
-                f"{-(-seq.num_tokens // self.config.block_size)} blocks and the policy lets its "
-                f"group take at most {self.pool.num_free_blocks(seq.group)} with nothing running")
+            raise self._never_admitted(seq.request_id, seq.num_tokens)
         self._wakeup = self.env.event()
         yield self._wakeup
         self._wakeup = None
+
+    def _never_admitted(self, row: int, num_tokens: int) -> EngineError:
+        """The error of a waiting head (trace row ``row``, ``num_tokens`` tokens) that cannot
+        fit with nothing running when no request is left to arrive."""
+        group = int(self.group_id[row])
+        return EngineError(
+            f"request {int(self.trace.requests['request_id'].iloc[row])} of group "
+            f"{self.groups[group]!r} can never be admitted: it needs "
+            f"{-(-num_tokens // self.config.block_size)} blocks and the policy lets its "
+            f"group take at most {self.pool.num_free_blocks(group)} with nothing running")
 
     def _emit_token(self, seq: Sequence, now: float, finished: list) -> None:
         rid = seq.request_id
@@ -632,6 +665,9 @@ class Engine:
                 policy's classes); it must not change anything. The results do not depend on it.
             every_s: the sampling period in simulated seconds (> 0).
         """
+        if observe is None and self.fused_applies():
+            self._run_fused()
+            return self._result()
         self.env.process(self._arrivals())
         done = self.env.process(self._engine())
         if observe is None:
@@ -645,6 +681,9 @@ class Engine:
                 if not done.triggered:
                     observe(self, t)
                 t += every_s
+        return self._result()
+
+    def _result(self) -> RunResult:
         return RunResult(records=self.records(), groups=self.groups,
                          occupancy_t=np.asarray(self._occ_t), occupancy=np.vstack(self._occ),
                          evictions=self.pool.evictions.copy(), num_steps=self.num_steps,
@@ -653,6 +692,127 @@ class Engine:
                          contract_rho=np.array([c.rho_blocks_per_s for c in self._contract_table]),
                          contract_beta=np.array([c.beta_blocks for c in self._contract_table]),
                          trace_meta=self.trace.meta)
+
+    # ------------------------------------------------------------------ the fused loop
+    FUSED_MAX_HASHES = 1 << 24
+    """Most block hashes the fused loop builds up front for a whole trace: 8 bytes a hash plus a
+    4-byte block-table slot, about 192 MiB at the bound (268M tokens in 16-token blocks). A
+    larger trace takes the per-step batched path, which builds them per chunk of arrivals."""
+
+    FUSED_FIRST_ROWS: int | None = None
+    """Rows of the fused loop's first occupancy and creation buffers; None sizes them from the
+    trace (they grow when a step might not fit)."""
+
+    def fused_applies(self) -> bool:
+        """Whether :meth:`run` (without ``observe``) takes the fused loop: ``batched`` and
+        ``fused`` are set, the policy is exactly :class:`LRUPolicy` (the kernel inlines its free
+        queue and its no-op hooks), the cost model is exactly :class:`CostModel` (the kernel
+        evaluates its formula), and the trace's hashes fit :attr:`FUSED_MAX_HASHES`."""
+        return (self.batched and self.fused and type(self.pool.policy) is LRUPolicy
+                and type(self.cost) is CostModel
+                and int((self._total_tokens // self.config.block_size).sum())
+                <= self.FUSED_MAX_HASHES)
+
+    def _run_fused(self) -> None:
+        """The whole run in :func:`fused.run_loop` calls: one, or one per step when
+        ``check_invariants`` (the pool's and the batch's invariants are checked after every
+        step, where :meth:`_step_batched` checks them), plus one per buffer enlargement."""
+        cfg, pool, tr = self.config, self.pool, self.trace
+        B = cfg.block_size
+        n = len(self.arrival_s)
+        total = self._total_tokens
+        hash_off = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(total // B, out=hash_off[1:])
+        hashes = np.empty(int(hash_off[-1]), dtype=np.uint64)
+        fz.build_hashes(np.int64(tr.seed), np.int64(tr.vocab_size), self._seg_ids_flat,
+                        self._seg_lens_flat, self._seg_offsets, self.output_segment_id,
+                        self.output_tokens, np.int64(tr.seed ^ OUTPUT_SEED_SALT), self.group_id,
+                        np.int64(B), np.int64(cfg.hash_seed), hash_off, hashes)
+        # a table as a Sequence's: room for every block of prompt and output, plus one
+        table_off = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(-(-total // B) + 1, out=table_off[1:])
+        table = np.zeros(int(table_off[-1]), dtype=np.int32)
+        ctl = np.zeros(fz.NUM_CTL, dtype=np.int64)
+        ctl[fz.N] = n
+        ctl[fz.BLOCK_SIZE] = B
+        ctl[fz.MAX_SEQS] = cfg.max_num_seqs
+        ctl[fz.MAX_TOKENS] = cfg.max_num_batched_tokens
+        ctl[fz.RESERVE_FULL] = cfg.reserves_full_prompt
+        ctl[fz.CURRENT_MODE] = pool.policy.vllm_compat == "current"
+        ctl[fz.COALESCE] = self.coalesce_decode
+        ctl[fz.STOP_AFTER_STEP] = cfg.check_invariants
+        ctl[fz.POOL_BLOCKS] = pool.num_blocks
+        fctl = np.zeros(fz.NUM_FCTL, dtype=np.float64)
+        cm = self.cost
+        fctl[fz.COST_A:fz.COST_E + 1] = (cm.a_s, cm.b_s_per_prefill_token, cm.c_s_per_decode_seq,
+                                         cm.d_s_per_context_token, cm.e_s_per_new_request)
+        waiting = np.empty(n + 1, dtype=np.int64)
+        materialized = np.zeros(n, dtype=np.int64)
+        nb = pool.num_blocks
+        hits, victims, evicted, was_free, freed, order = (np.empty(nb, dtype=np.int32)
+                                                          for _ in range(6))
+        cached = np.empty(nb, dtype=np.bool_)
+        # First guesses (a run records about one occupancy row per step that touches the pool
+        # and a few creations per request); run_loop asks for more when a step might not fit.
+        rows = self.FUSED_FIRST_ROWS
+        occ_t = np.empty(rows or 2 * n + 1024, dtype=np.float64)
+        occ = np.empty((occ_t.shape[0], pool.num_groups), dtype=np.int64)
+        occ_t[0] = self._occ_t[0]
+        occ[0] = self._occ[0]
+        ctl[fz.NUM_OCC] = 1
+        cap = rows or 4 * n + self._run_ids.shape[0] + 1024
+        cre_t = np.empty(cap, dtype=np.float64)
+        cre = [np.empty(cap, dtype=np.int64) for _ in range(3)]
+        q = pool.policy._queue
+        fz.start(ctl, fctl, self.arrival_s, waiting)
+        while True:
+            code = fz.run_loop(
+                ctl, fctl, self.arrival_s, self.group_id, self.contract_id, self._state,
+                materialized, table, table_off, hashes, hash_off, self.first_token_s,
+                self.finish_s, self.cached_tokens, self.num_preemptions, self.num_new_blocks,
+                self._run_ids, self._num_new, self._finished, waiting, hits, victims, evicted,
+                was_free, freed, cached, order, pool.ref_cnt, pool.block_hash, pool.hash_next,
+                pool.owner_group, pool.occupancy, pool.evictions, pool._map_keys, pool._map_vals,
+                pool._map_size, q.prev, q.nxt, q.member, q.length, occ_t, occ, cre_t, *cre)
+            if code == fz.DONE:
+                break
+            if code == fz.CHECK:
+                pool.check_invariants()
+                bad = fz.check_tables(self._state, self._run_ids, int(ctl[fz.NUM_RUNNING]),
+                                      table, table_off, hashes, hash_off, pool.ref_cnt,
+                                      pool.block_hash, np.zeros(nb, dtype=np.int64))
+                if bad != -1:
+                    raise AssertionError(
+                        "fused batch disagrees with the pool: " + (
+                            "ref_cnt != running tables" if bad == -2
+                            else f"request {bad}'s block table or counters"))
+            elif code == fz.GROW:
+                more = max(occ_t.shape[0], 1)
+                if ctl[fz.NUM_OCC] + 1 > occ_t.shape[0]:
+                    occ_t = np.concatenate([occ_t, np.empty(more, dtype=np.float64)])
+                    occ = np.concatenate([occ, np.empty((more, occ.shape[1]), dtype=np.int64)])
+                more = max(cre_t.shape[0], self._run_ids.shape[0])
+                if ctl[fz.NUM_CRE] + self._run_ids.shape[0] > cre_t.shape[0]:
+                    cre_t = np.concatenate([cre_t, np.empty(more, dtype=np.float64)])
+                    cre = [np.concatenate([c, np.empty(more, dtype=np.int64)]) for c in cre]
+            else:  # fz.NEVER_ADMITTED
+                r = int(ctl[fz.ERR_REQUEST])
+                raise self._never_admitted(r, int(self.prompt_tokens[r]
+                                                  + self._state[r, bk.OUTPUT_DONE]))
+        self.num_steps = int(ctl[fz.NUM_STEPS])
+        self.num_events = int(ctl[fz.NUM_EVENTS])
+        self._next_arrival = int(ctl[fz.NEXT_ARRIVAL])
+        pool.num_evicted_total += int(ctl[fz.NUM_EVICTED])
+        k = int(ctl[fz.LAST_EVICTED_N])
+        if k:
+            pool.last_evicted = evicted[:k].copy()
+        k = int(ctl[fz.NUM_OCC])
+        # the series as _result reads it (np.asarray / np.vstack): one block of rows
+        self._occ_t = occ_t[:k].copy()
+        self._occ = [occ[:k]]
+        k = int(ctl[fz.NUM_CRE])
+        pool.creations = fz.ColumnCreationLog(cre_t[:k], *(c[:k] for c in cre))
+        self.env = simpy.Environment(initial_time=float(fctl[fz.NOW]))
 
     def records(self) -> pd.DataFrame:
         """Per-request records: arrival, identity, tokens, new blocks, TTFT, latency, preemptions."""

@@ -6,13 +6,16 @@ struct-of-arrays batch and calls the cache manager only for requests that open o
 finish, are admitted or preempted. Every observable result must be the same bit for bit:
 records (TTFT and latency floats included), occupancy series, eviction matrix, policy state,
 creation log and step count, for every policy and both compat modes.
+
+With LRU the default engine runs the fused event loop (``simulator/fused.py``) rather than the
+per-step batched path; ``test_fused_loop.py`` holds all three (oracle, per-step, fused) equal.
 """
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from helpers import make_trace
+from helpers import assert_same_run as same_run, make_trace, small_trace
 from prefixshield.policies import POLICIES, make_policy
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import CostModel, load_profile
@@ -25,16 +28,8 @@ PROFILE_COST = load_profile("l4-qwen2.5-1.5b").cost
 
 
 def assert_same_run(a, b) -> None:
-    """Bit-identical results (no tolerance anywhere)."""
-    assert a.records.equals(b.records), "records differ"
-    assert np.array_equal(a.occupancy_t, b.occupancy_t), "occupancy times differ"
-    assert np.array_equal(a.occupancy, b.occupancy), "occupancy differs"
-    assert np.array_equal(a.evictions, b.evictions), "evictions differ"
-    assert a.policy_stats == b.policy_stats, "policy stats differ"
-    assert a.creations.keys() == b.creations.keys()
-    for k in a.creations:
-        assert np.array_equal(a.creations[k], b.creations[k]), f"creations[{k!r}] differ"
-    assert a.num_steps == b.num_steps, "step counts differ"
+    """Bit-identical results, event counts included (:func:`helpers.assert_same_run`)."""
+    same_run(a, b)
     assert a.num_events == b.num_events, "event counts differ"
 
 
@@ -54,16 +49,6 @@ def both_paths(trace, policy: str, config: EngineConfig, cost: CostModel = PROFI
         assert len(errors) == 2 and errors[0] == errors[1], errors
         return None
     return results[0], results[1]
-
-
-def small_trace(name: str, seed: int = 0):
-    """The workload at the shortest measured phase (of a few) its generator accepts."""
-    for duration_s in (5.0, 10.0, 20.0, 40.0):
-        try:
-            return generate(name, duration_s=duration_s, seed=seed)
-        except ValueError:
-            continue
-    raise AssertionError(f"workload {name!r} does not generate at any short duration")
 
 
 @pytest.mark.parametrize("workload", sorted(WORKLOADS))

@@ -189,7 +189,7 @@ def test_hash_map_with_colliding_slots_matches_a_dict_model(seed):
 
     rng = random.Random(seed)
     num_blocks = 24
-    pool = BlockPool(num_blocks, make_policy("lru", num_blocks), 1)
+    pool = BlockPool(num_blocks, make_policy("lru", num_blocks), 1, hash_map_slots=64)
     assert pool._map_keys.shape[0] == 64
     universe = [np.uint64((k << 16) | (0x3C, 0x3E, 0x01)[k % 3]) for k in range(1, 16)]
     model: dict[int, list[int]] = {}

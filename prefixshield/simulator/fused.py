@@ -1,0 +1,666 @@
+"""The batched engine's whole event loop in one numba kernel (LRU, linear cost model).
+
+:meth:`Engine._step_batched` already does the per-request work of a step in kernels, but every
+step still costs a SimPy event, a few kernel calls and Python for every request that opens or
+fills a block, is admitted, preempted or finishes. :func:`run_loop` runs the same loop --
+arrivals, the scheduler iteration, the step's timeout, decode coalescing -- in numba, for as
+long as nothing needs Python: one call per run, or one per step with ``check_invariants``.
+
+What it models, decision for decision the same as the step-by-step oracle
+(``Engine(..., batched=False)``, tested bit-identical in ``tests/simulator/test_fused_loop.py``):
+
+* **The two SimPy processes and their event order.** The arrival process and the engine
+  process each have at most one pending event; SimPy processes events in order of
+  ``(time, priority, eid)`` where eid counts schedulings, so the kernel keeps a scheduling
+  counter and compares ``(time, eid)`` of the two pending events (all of them have SimPy's
+  NORMAL priority; the two ``Initialize`` events at t = 0 are replayed in order before the
+  loop). Times are computed with SimPy's arithmetic: a timeout of ``delay`` at ``now`` fires
+  at ``now + delay``; an arrival's delay is ``arrival_s - now``. A wake-up (``succeed``) is
+  scheduled at the arrival's time, after the arrivals of that instant were appended.
+* **The scheduler iteration** of :meth:`Engine._step` (running requests first with preemption of
+  the newest, then FCFS admissions with head-of-line blocking, the token budget, full-prompt
+  reservation), over the struct-of-arrays batch of :mod:`~prefixshield.simulator.batch`
+  (whose kernels it calls) instead of :class:`~prefixshield.simulator.kvcache.Sequence` objects.
+* **The cache manager and block pool** (``get_computed_blocks``, ``allocate_slots``, ``free``)
+  through the pool's own kernels (``_find_hits``, ``_touch``, ``_claim``, ``_cache``,
+  ``_release``), on the pool's arrays in place, and vLLM's free queue (the LRU policy's
+  linked list, both compat modes) through :mod:`~prefixshield.policies.lru`'s kernels. LRU's
+  ``on_hit`` and ``on_materialize`` are no-ops and its ``available`` is ``num_free``: that is
+  why only LRU runs here (other policies take the per-step batched path).
+* **The linear** :class:`~prefixshield.simulator.costmodel.CostModel` evaluated in the same
+  operation order as its ``step_time`` (a duck-typed cost object takes the per-step path).
+
+Per-request block tables live in one flat int32 array (``table[table_off[r]:]``, room for
+``ceil(tokens / B) + 1`` blocks, as a ``Sequence`` has) and block hashes in one flat uint64
+array (``hashes[hash_off[r]:hash_off[r + 1]]``, every full block of prompt and output), built
+for the whole trace up front by :func:`build_hashes` (the same hashes as
+:func:`~prefixshield.simulator.hashing.chain_block_hashes` of the same token ids).
+
+The kernel is resumable: every piece of loop state is in ``ctl`` (int64) / ``fctl`` (float64)
+and the arrays. It returns :data:`DONE`, :data:`CHECK` (after a step's occupancy record, where
+the oracle checks invariants), :data:`GROW` (an output buffer is full: enlarge and call again)
+or :data:`NEVER_ADMITTED` (the waiting head cannot fit with nothing running and no request is
+left to arrive: the oracle's ``EngineError``).
+
+Speed notes. :func:`run_loop`, :func:`_allocate` and :func:`_free_request` are compiled without
+numba's reference-counted runtime (``_nrt=False``; they allocate nothing, and copy slices with
+loops): with it, every call of ``_allocate`` increfs and decrefs each of its ~35 array
+arguments and slices atomically, which was half of the loop's time. Requests whose step needs
+no block and fills none skip ``_allocate`` altogether (most decode steps).
+
+Units: tokens; blocks where a name says so; seconds (float64) for times.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from prefixshield.policies import lru
+from prefixshield.policies.kernels import linkedlist as ll
+from prefixshield.simulator import batch as bk
+from prefixshield.simulator.blockpool import _cache, _claim, _find_hits, _release, _touch
+from prefixshield.simulator.creation import CreationLog
+from prefixshield.simulator.hashing import GROUP_SHIFT, LOW_MASK
+from prefixshield.traces.tokens import splitmix64
+
+class ColumnCreationLog(CreationLog):
+    """A :class:`CreationLog` whose first rows came as columns (written by :func:`run_loop`);
+    rows appended later follow them."""
+
+    def __init__(self, t_s: np.ndarray, group: np.ndarray, contract: np.ndarray,
+                 blocks: np.ndarray) -> None:
+        super().__init__()
+        self._columns = {"t_s": np.asarray(t_s, np.float64), "group": np.asarray(group, np.int64),
+                         "contract": np.asarray(contract, np.int64),
+                         "blocks": np.asarray(blocks, np.int64)}
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """``t_s`` (float64), ``group``, ``contract``, ``blocks`` (int64) columns."""
+        if not self._rows:
+            return {k: v.copy() for k, v in self._columns.items()}
+        later = super().arrays()
+        return {k: np.concatenate([v, later[k]]) for k, v in self._columns.items()}
+
+
+# Kernel results.
+DONE = 0
+"""The engine process returned: every request finished."""
+CHECK = 1
+"""A step ended and its occupancy was recorded (``ctl[STOP_AFTER_STEP]`` set): check invariants."""
+GROW = 2
+"""The occupancy or creation buffer may not hold the next step's rows: enlarge, call again."""
+NEVER_ADMITTED = 3
+"""Nothing runs, the waiting head (``ctl[ERR_REQUEST]``) does not fit and no request is left
+to arrive (the step-by-step path raises ``EngineError`` there)."""
+
+# What the engine process is doing (ctl[ESTATE]).
+E_TOP = 0
+"""Runnable at the top of ``Engine._engine``'s loop (at ``fctl[NOW]``)."""
+E_AFTER_STEP = 1
+"""Runnable right after a step's occupancy record: next, the decode-coalescing decision."""
+E_STEP = 2
+"""Waiting for its step's timeout (at ``fctl[TE]``, scheduling number ``ctl[EE]``)."""
+E_JUMP = 3
+"""Waiting for a coalesced decode jump's timeout (``ctl[JUMP_K]`` steps)."""
+E_IDLE = 4
+"""Waiting for the next arrival's wake-up; scheduled at ``fctl[TE]`` once ``ctl[WAKE_SCHED]``."""
+E_DONE = 5
+
+# ctl slots (int64).
+ESTATE = 0
+NEXT_ARRIVAL = 1
+"""Requests appended to the waiting queue so far (``Engine._next_arrival``)."""
+EID = 2
+"""SimPy's scheduling counter (only its order matters)."""
+EA = 3
+"""Scheduling number of the arrival process's pending timeout (at ``fctl[TA]``)."""
+EE = 4
+"""Scheduling number of the engine's pending event (at ``fctl[TE]``)."""
+WAKE_SCHED = 5
+NUM_RUNNING = 6
+WAIT_HEAD = 7
+"""Ring index of the waiting queue's head in ``waiting``."""
+WAIT_COUNT = 8
+NUM_STEPS = 9
+NUM_EVENTS = 10
+NUM_EVICTED = 11
+LAST_EVICTED_N = 12
+"""Blocks the last take evicted (they are ``evicted[:n]``; the pool's ``last_evicted``)."""
+NUM_OCC = 13
+NUM_CRE = 14
+JUMP_K = 15
+QUIET = 16
+ERR_REQUEST = 17
+NUM_SCHEDULED = 18
+STEP_PREEMPTED = 19
+STEP_ADMITTED = 20
+STEP_HEAD_BLOCKED = 21
+N = 22
+BLOCK_SIZE = 23
+MAX_SEQS = 24
+MAX_TOKENS = 25
+RESERVE_FULL = 26
+CURRENT_MODE = 27
+COALESCE = 28
+STOP_AFTER_STEP = 29
+POOL_BLOCKS = 30
+NUM_CTL = 32
+
+# fctl slots (float64).
+NOW = 0
+TA = 1
+TE = 2
+COST_A = 3
+COST_B = 4
+COST_C = 5
+COST_D = 6
+COST_E = 7
+NUM_FCTL = 8
+
+
+@njit(cache=True, inline="always")
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+@njit(cache=True, _nrt=False)
+def _free_request(r, ctl, now, state, table, table_off, ref_cnt, block_hash, owner, occupancy,
+                  freed, cached, order, prev, nxt, member, length):
+    """``KVCacheManager.free``: release request ``r``'s blocks tail first, hand the ones
+    reaching ref_cnt 0 to the LRU queue; the row's blocks and computed tokens drop to 0."""
+    nb = state[r, bk.NUM_BLOCKS]
+    if nb:
+        off = table_off[r]
+        for j in range(nb):
+            order[j] = table[off + nb - 1 - j]
+        k = _release(order[:nb], ref_cnt, block_hash, owner, occupancy, freed, cached)
+        if k:
+            lru._release(freed[:k], cached[:k], ctl[CURRENT_MODE] != 0, prev, nxt, member,
+                         length, ctl[POOL_BLOCKS])
+    state[r, bk.NUM_BLOCKS] = 0
+    state[r, bk.NUM_CACHED] = 0
+    state[r, bk.COMPUTED] = 0
+
+
+@njit(cache=True, _nrt=False)
+def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, state, materialized, table,
+              table_off, hashes, hash_off, group_id, contract_id, hits, victims, evicted,
+              was_free, ref_cnt, block_hash, hash_next, owner, occupancy, evictions, map_keys,
+              map_vals, map_size, prev, nxt, member, length, cre_t, cre_g, cre_c, cre_b):
+    """``KVCacheManager.allocate_slots`` of request ``r`` (hits ``hits[:num_hit]``, reservation
+    ``reserve`` tokens) under LRU; False if the blocks do not fit (nothing changed then)."""
+    B = ctl[BLOCK_SIZE]
+    nb0 = state[r, bk.NUM_BLOCKS]
+    num_computed = state[r, bk.COMPUTED] + num_hit * B
+    need_slot = num_computed + num_new_tokens
+    check = max(need_slot, reserve)
+    need = max(_cdiv(check, B) - num_hit - nb0, 0)
+    for j in range(num_hit):
+        if ref_cnt[hits[j]] == 0:
+            need += 1
+    if need and need > length[0]:
+        return False
+    g = group_id[r]
+    off = table_off[r]
+    if num_hit:
+        # pool.touch: LRU's on_hit is a no-op; on_acquire unlinks the blocks that were free
+        nf = _touch(ref_cnt, hits[:num_hit], was_free)
+        if nf:
+            ll.unlink(prev, nxt, member, length, was_free[:nf])
+        for j in range(num_hit):
+            table[off + nb0 + j] = hits[j]
+        nb0 += num_hit
+        state[r, bk.NUM_BLOCKS] = nb0
+        state[r, bk.COMPUTED] = num_computed
+        if state[r, bk.NUM_CACHED] == 0:
+            state[r, bk.NUM_CACHED] = num_hit
+    num_new_blocks = _cdiv(need_slot, B) - nb0
+    if num_new_blocks > 0:
+        # pool.take_new_blocks: LRU's select_victims pops the queue's head
+        ll.pop_head(prev, nxt, member, length, ctl[POOL_BLOCKS], 0, num_new_blocks, victims, 0)
+        k = _claim(victims[:num_new_blocks], ref_cnt, block_hash, map_keys, map_vals, map_size,
+                   hash_next, owner, occupancy, evictions, g, evicted)
+        ctl[NUM_EVICTED] += k
+        ctl[LAST_EVICTED_N] = k
+        for j in range(num_new_blocks):
+            table[off + nb0 + j] = victims[j]
+        nb0 += num_new_blocks
+        state[r, bk.NUM_BLOCKS] = nb0
+    num_tokens = state[r, bk.PROMPT] + state[r, bk.OUTPUT_DONE]
+    num_full = min(need_slot, num_tokens) // B
+    lo = state[r, bk.NUM_CACHED]
+    if num_full > lo:
+        h0 = hash_off[r]
+        _cache(table[off + lo:off + num_full], hashes[h0 + lo:h0 + num_full], block_hash,
+               map_keys, map_vals, map_size, hash_next)
+        # pool.creations.append; LRU's on_materialize is a no-op
+        c = ctl[NUM_CRE]
+        cre_t[c] = now
+        cre_g[c] = g
+        cre_c[c] = contract_id[r]
+        cre_b[c] = num_full - lo
+        ctl[NUM_CRE] = c + 1
+        materialized[r] += num_full - lo
+        state[r, bk.NUM_CACHED] = num_full
+    return True
+
+
+@njit(cache=True, _nrt=False)
+def run_loop(ctl, fctl, arrival_s, group_id, contract_id, state, materialized, table, table_off,
+             hashes, hash_off, first_token_s, finish_s, cached_tokens, num_preemptions,
+             num_new_blocks, run_ids, num_new, finished, waiting, hits, victims, evicted,
+             was_free, freed, cached, order, ref_cnt, block_hash, hash_next, owner, occupancy,
+             evictions, map_keys, map_vals, map_size, prev, nxt, member, length, occ_t, occ,
+             cre_t, cre_g, cre_c, cre_b):
+    """Run the engine's event loop from the state in ``ctl`` / ``fctl`` until it returns.
+
+    Args (all updated in place; ids index the trace's rows):
+        ctl, fctl: loop state and configuration (the slot constants of this module).
+        arrival_s, group_id, contract_id: per request (seconds; ids).
+        state: the batch matrix of :mod:`~prefixshield.simulator.batch` (one row per request).
+        materialized: per request, full blocks it computed and cached over its life.
+        table, table_off: flat block tables and each request's offset in them.
+        hashes, hash_off: flat block hashes; request r's are ``hash_off[r]:hash_off[r+1]``.
+        first_token_s, finish_s, cached_tokens, num_preemptions, num_new_blocks: the records.
+        run_ids, num_new, finished: running order (request ids), tokens scheduled per position
+            this step, scratch for finished positions (``min(max_num_seqs, n) + 1`` each).
+        waiting: ring buffer of request ids (``n + 1``).
+        hits, victims, evicted, was_free, freed, cached, order: per-block scratch.
+        ref_cnt ... map_size: the block pool's arrays; prev ... length: the LRU queue's.
+        occ_t, occ: occupancy series (times, blocks per group), ``ctl[NUM_OCC]`` rows used.
+        cre_t, cre_g, cre_c, cre_b: creation log columns, ``ctl[NUM_CRE]`` rows used.
+
+    Returns:
+        :data:`DONE`, :data:`CHECK`, :data:`GROW` or :data:`NEVER_ADMITTED`.
+    """
+    n = ctl[N]
+    B = ctl[BLOCK_SIZE]
+    max_seqs = ctl[MAX_SEQS]
+    max_tokens = ctl[MAX_TOKENS]
+    wcap = waiting.shape[0]
+    G = occupancy.shape[0]
+    while True:
+        es = ctl[ESTATE]
+        now = fctl[NOW]
+        if es == E_TOP:
+            if (ctl[NUM_OCC] + 1 > occ_t.shape[0]
+                    or ctl[NUM_CRE] + run_ids.shape[0] > cre_t.shape[0]):
+                return GROW
+            nrun = ctl[NUM_RUNNING]
+            if nrun == 0 and ctl[WAIT_COUNT] == 0:
+                if ctl[NEXT_ARRIVAL] >= n:
+                    ctl[ESTATE] = E_DONE
+                    return DONE
+                ctl[ESTATE] = E_IDLE
+                ctl[WAKE_SCHED] = 0
+                continue
+            # ---- one scheduler iteration (Engine._step / _step_batched)
+            ctl[NUM_EVENTS] += 1
+            budget = max_tokens
+            preempted = False
+            i = 0
+            while i < nrun and budget > 0:
+                r = run_ids[i]
+                comp = state[r, bk.COMPUTED]
+                ntok = state[r, bk.PROMPT] + state[r, bk.OUTPUT_DONE]
+                k = min(ntok - comp, budget)
+                end = comp + k
+                if (_cdiv(end, B) <= state[r, bk.NUM_BLOCKS]
+                        and min(end, ntok) // B <= state[r, bk.NUM_CACHED]):
+                    # allocate_slots would take no block and cache none (and cannot fail):
+                    # most decode steps; skip the call (batch.plan_running's flag rule)
+                    num_new[i] = k
+                    budget -= k
+                    i += 1
+                    continue
+                self_preempted = False
+                while not _allocate(r, k, 0, 0, ctl, now, state, materialized, table,
+                                    table_off, hashes, hash_off, group_id, contract_id, hits,
+                                    victims, evicted, was_free, ref_cnt, block_hash, hash_next,
+                                    owner, occupancy, evictions, map_keys, map_vals, map_size,
+                                    prev, nxt, member, length, cre_t, cre_g, cre_c, cre_b):
+                    preempted = True
+                    # preempt the newest running request (recompute): it waits at the head
+                    nrun -= 1
+                    victim = run_ids[nrun]
+                    _free_request(victim, ctl, now, state, table, table_off, ref_cnt,
+                                  block_hash, owner, occupancy, freed, cached, order, prev, nxt,
+                                  member, length)
+                    num_preemptions[victim] += 1
+                    h = (ctl[WAIT_HEAD] - 1) % wcap
+                    waiting[h] = victim
+                    ctl[WAIT_HEAD] = h
+                    ctl[WAIT_COUNT] += 1
+                    if victim == r:
+                        self_preempted = True
+                        break
+                if self_preempted:
+                    break
+                num_new[i] = k
+                budget -= k
+                i += 1
+            m = i
+            admitted = 0
+            first_admissions = 0
+            head_blocked = False
+            if not preempted:
+                while ctl[WAIT_COUNT] > 0 and budget > 0 and nrun < max_seqs:
+                    r = waiting[ctl[WAIT_HEAD]]
+                    num_tokens = state[r, bk.PROMPT] + state[r, bk.OUTPUT_DONE]
+                    h0 = hash_off[r]
+                    nh = _find_hits(map_keys, map_vals, hashes[h0:hash_off[r + 1]],
+                                    (num_tokens - 1) // B, hits)
+                    k = min(num_tokens - nh * B, budget)
+                    reserve = num_tokens if ctl[RESERVE_FULL] else 0
+                    if not _allocate(r, k, nh, reserve, ctl, now, state, materialized, table,
+                                     table_off, hashes, hash_off, group_id, contract_id, hits,
+                                     victims, evicted, was_free, ref_cnt, block_hash, hash_next,
+                                     owner, occupancy, evictions, map_keys, map_vals, map_size,
+                                     prev, nxt, member, length, cre_t, cre_g, cre_c, cre_b):
+                        head_blocked = True
+                        break
+                    ctl[WAIT_HEAD] = (ctl[WAIT_HEAD] + 1) % wcap
+                    ctl[WAIT_COUNT] -= 1
+                    run_ids[nrun] = r
+                    num_new[nrun] = k
+                    nrun += 1
+                    if cached_tokens[r] < 0:
+                        cached_tokens[r] = nh * B
+                        first_admissions += 1
+                    budget -= k
+                    admitted += 1
+            ctl[NUM_RUNNING] = nrun
+            num_scheduled = m + admitted
+            if num_scheduled == 0:
+                if preempted:
+                    continue  # the last running request preempted itself; iterate again
+                if ctl[NEXT_ARRIVAL] >= n:
+                    ctl[ERR_REQUEST] = waiting[ctl[WAIT_HEAD]]
+                    return NEVER_ADMITTED
+                ctl[ESTATE] = E_IDLE
+                ctl[WAKE_SCHED] = 0
+                continue
+            prefill, decode, context = bk.step_load(state, run_ids, 0, num_scheduled, num_new)
+            # CostModel.step_time, same operation order
+            dt = (fctl[COST_A] + fctl[COST_B] * prefill + fctl[COST_C] * decode
+                  + fctl[COST_D] * context + fctl[COST_E] * first_admissions)
+            ctl[NUM_SCHEDULED] = num_scheduled
+            ctl[STEP_PREEMPTED] = preempted
+            ctl[STEP_ADMITTED] = admitted
+            ctl[STEP_HEAD_BLOCKED] = head_blocked
+            fctl[TE] = now + dt
+            ctl[EE] = ctl[EID]
+            ctl[EID] += 1
+            ctl[ESTATE] = E_STEP
+            continue
+        if es == E_AFTER_STEP:
+            ctl[ESTATE] = E_TOP
+            if ctl[QUIET] and ctl[COALESCE]:
+                # Engine._coalesced_decode_batched
+                nseq = ctl[NUM_RUNNING]
+                k, pos_sum = bk.quiet_decode_steps(state, run_ids, nseq, B)
+                if k > 0:
+                    ctx0 = pos_sum + nseq
+                    per_step = fctl[COST_A] + fctl[COST_C] * nseq + fctl[COST_D] * ctx0
+                    bounded = ctl[NEXT_ARRIVAL] < n
+                    wait = arrival_s[ctl[NEXT_ARRIVAL]] - now if bounded else 0.0
+                    k, seconds = bk.coalesced_time(per_step, fctl[COST_D] * nseq, k, wait,
+                                                   bounded)
+                    ctl[NUM_EVENTS] += 1
+                    ctl[JUMP_K] = k
+                    fctl[TE] = now + seconds
+                    ctl[EE] = ctl[EID]
+                    ctl[EID] += 1
+                    ctl[ESTATE] = E_JUMP
+            continue
+        # ---- the engine waits: process the earlier of the two pending events
+        engine_pending = es == E_STEP or es == E_JUMP or (es == E_IDLE and ctl[WAKE_SCHED] != 0)
+        arrival_pending = ctl[NEXT_ARRIVAL] < n
+        if arrival_pending and (not engine_pending or fctl[TA] < fctl[TE]
+                                or (fctl[TA] == fctl[TE] and ctl[EA] < ctl[EE])):
+            # the arrival process resumes: append, wake the engine, schedule the next one
+            now = fctl[TA]
+            fctl[NOW] = now
+            while True:
+                a = ctl[NEXT_ARRIVAL]
+                waiting[(ctl[WAIT_HEAD] + ctl[WAIT_COUNT]) % wcap] = a
+                ctl[WAIT_COUNT] += 1
+                ctl[NEXT_ARRIVAL] = a + 1
+                if ctl[ESTATE] == E_IDLE and ctl[WAKE_SCHED] == 0:
+                    ctl[WAKE_SCHED] = 1
+                    fctl[TE] = now
+                    ctl[EE] = ctl[EID]
+                    ctl[EID] += 1
+                if a + 1 >= n:
+                    ctl[EID] += 1  # the process ends (SimPy schedules its Process event)
+                    break
+                delay = arrival_s[a + 1] - now
+                if delay > 0:
+                    fctl[TA] = now + delay
+                    ctl[EA] = ctl[EID]
+                    ctl[EID] += 1
+                    break
+            continue
+        now = fctl[TE]
+        fctl[NOW] = now
+        if es == E_IDLE:
+            ctl[ESTATE] = E_TOP
+            continue
+        if es == E_JUMP:
+            ctl[NUM_STEPS] += ctl[JUMP_K]
+            bk.advance_decode(state, run_ids, ctl[NUM_RUNNING], ctl[JUMP_K])
+            ctl[ESTATE] = E_TOP
+            continue
+        # es == E_STEP: the end of a step
+        ctl[NUM_STEPS] += 1
+        nrun = ctl[NUM_RUNNING]
+        num_finished, decoding = bk.advance_scheduled(state, run_ids, nrun, ctl[NUM_SCHEDULED],
+                                                      num_new, now, first_token_s, finish_s,
+                                                      finished)
+        for j in range(num_finished):  # freed in schedule order
+            r = run_ids[finished[j]]
+            num_new_blocks[r] = materialized[r]
+            _free_request(r, ctl, now, state, table, table_off, ref_cnt, block_hash, owner,
+                          occupancy, freed, cached, order, prev, nxt, member, length)
+        if num_finished:
+            nrun = bk.remove_positions(run_ids, nrun, finished, num_finished)
+            ctl[NUM_RUNNING] = nrun
+        # Engine._record_occupancy
+        last = ctl[NUM_OCC] - 1
+        if bk.differs(occupancy, occ[last]):
+            occ_t[last + 1] = now
+            for g in range(G):
+                occ[last + 1, g] = occupancy[g]
+            ctl[NUM_OCC] = last + 2
+        if ctl[STEP_PREEMPTED] or ctl[STEP_ADMITTED] or num_finished:
+            ctl[QUIET] = 0
+        else:
+            stuck = ctl[WAIT_COUNT] == 0 or ctl[STEP_HEAD_BLOCKED] != 0 or nrun >= max_seqs
+            ctl[QUIET] = stuck and decoding
+        ctl[ESTATE] = E_AFTER_STEP
+        if ctl[STOP_AFTER_STEP]:
+            return CHECK
+
+
+@njit(cache=True)
+def start(ctl, fctl, arrival_s, waiting):
+    """Replay the two ``Initialize`` events at t = 0: the arrival process appends every request
+    due by then and schedules the next; then the engine process starts at its loop's top."""
+    n = ctl[N]
+    fctl[NOW] = 0.0
+    ctl[EID] = 2  # the two Initialize events
+    ctl[ESTATE] = E_TOP
+    a = 0
+    while a < n:
+        delay = arrival_s[a] - 0.0
+        if delay > 0:
+            fctl[TA] = 0.0 + delay
+            ctl[EA] = ctl[EID]
+            ctl[EID] += 1
+            break
+        waiting[ctl[WAIT_COUNT]] = a
+        ctl[WAIT_COUNT] += 1
+        a += 1
+    ctl[NEXT_ARRIVAL] = a
+
+
+@njit(cache=True)
+def check_tables(state, run_ids, num_running, table, table_off, hashes, hash_off, ref_cnt,
+                 block_hash, counts):
+    """Whether the batch agrees with the pool (``check_invariants``): every block's ref_cnt is
+    the number of running requests whose table holds it, and every cached table entry carries
+    the request's hash at that position.
+
+    Returns:
+        -1 if so; else the first request id whose row or table is wrong, or -2 when only the
+        reference counts disagree.
+    """
+    counts[:] = 0
+    for i in range(num_running):
+        r = run_ids[i]
+        nb = state[r, bk.NUM_BLOCKS]
+        nc = state[r, bk.NUM_CACHED]
+        if nc > nb or nb > table_off[r + 1] - table_off[r]:
+            return r
+        for j in range(nb):
+            b = table[table_off[r] + j]
+            counts[b] += 1
+            if j < nc and block_hash[b] != hashes[hash_off[r] + j]:
+                return r
+    for b in range(ref_cnt.shape[0]):
+        if counts[b] != ref_cnt[b]:
+            return -2
+    return -1
+
+
+@njit(cache=True, inline="always")
+def _segment_base(seed, segment_id):
+    return splitmix64(np.uint64(seed) ^ splitmix64(np.uint64(segment_id)))
+
+
+@njit(cache=True, inline="always")
+def _mod_small(x, vocab, inv):
+    """``x % vocab`` (uint64) for ``2 <= vocab < 2**32``, exactly, without a 64-bit division.
+
+    The float64 quotient estimate ``x * (1 / vocab)`` is within ``2**12 / vocab + 2`` of the
+    true one, so the first remainder is off by a few ``vocab`` (well inside int64); the second
+    estimate on that small remainder is off by at most one, which the two selects fix."""
+    q = np.uint64(np.float64(x) * inv)
+    r = np.int64(x - q * np.uint64(vocab))
+    r -= np.int64(np.float64(r) * inv) * vocab
+    r = r + vocab if r < 0 else r
+    r = r - vocab if r >= vocab else r
+    return np.uint64(r)
+
+
+@njit(cache=True)
+def _fill_segment(buf, pos, seed, segment_id, length, vocab, inv):
+    """Token ids ``0 .. length-1`` of ``segment_id`` under ``seed`` into ``buf[pos:]`` (those of
+    :func:`prefixshield.traces.tokens._fill_segment_tokens`, as uint64)."""
+    base = _segment_base(seed, segment_id)
+    if vocab >= 1 << 32 or vocab < 2:
+        for t in range(length):
+            buf[pos + t] = splitmix64(base + np.uint64(t)) % np.uint64(vocab)
+    else:
+        for t in range(length):
+            buf[pos + t] = _mod_small(splitmix64(base + np.uint64(t)), vocab, inv)
+
+
+@njit(cache=True)
+def _fill_request(buf, i, num_tokens, seed, vocab, inv, seg_ids, seg_lens, seg_offsets,
+                  output_segment_id, output_tokens, output_salt_seed):
+    """The first ``num_tokens`` token ids of request ``i`` (prompt segments, then output)."""
+    pos = 0
+    for s in range(seg_offsets[i], seg_offsets[i + 1]):
+        if pos >= num_tokens:
+            return
+        n = min(seg_lens[s], num_tokens - pos)
+        _fill_segment(buf, pos, seed, seg_ids[s], n, vocab, inv)
+        pos += n
+    if pos >= num_tokens:
+        return
+    n = min(output_tokens[i], num_tokens - pos)
+    if output_segment_id[i] >= 0:
+        _fill_segment(buf, pos, seed, output_segment_id[i], n, vocab, inv)
+    else:
+        _fill_segment(buf, pos, output_salt_seed, np.int64(i), n, vocab, inv)
+
+
+@njit(cache=True, inline="always")
+def _chain_start(group, hash_seed):
+    return splitmix64(np.uint64(hash_seed) ^ splitmix64(np.uint64(group) + np.uint64(0x5A17)))
+
+
+@njit(cache=True, inline="always")
+def _chain_tail(buf, h, tag, lo, hi, block_size, hashes, out):
+    """Continue one request's chain over its blocks ``lo .. hi-1`` (tokens in ``buf``)."""
+    for b in range(lo, hi):
+        for t in range(b * block_size, (b + 1) * block_size):
+            h = splitmix64(h ^ buf[t])
+        hashes[out + b] = tag | (h & LOW_MASK)
+
+
+@njit(cache=True)
+def build_hashes(seed, vocab_size, seg_ids, seg_lens, seg_offsets, output_segment_id,
+                 output_tokens, output_salt_seed, groups, block_size, hash_seed, hash_off,
+                 hashes):
+    """Block hashes of every request, ``hashes[hash_off[i]:hash_off[i+1]]`` for request i (one
+    per full block of prompt then output): those of
+    :func:`~prefixshield.simulator.hashing.chain_block_hashes` over the token ids of
+    :func:`~prefixshield.traces.tokens.prompt_token_ids` (the output: segment
+    ``output_segment_id[i]``, or segment ``i`` of ``output_salt_seed`` when negative).
+
+    Both are recomputed here (tested equal): the hash chain is a serial dependency (each
+    token's mix waits for the previous one), so four requests' chains advance in lock step to
+    keep the multiplier busy, over token ids generated per request into small buffers, with
+    the ``% vocab_size`` done by :func:`_mod_small` (a 64-bit division costs more than the
+    rest of a token's work).
+    """
+    n = seg_offsets.shape[0] - 1
+    B = block_size
+    inv = 1.0 / vocab_size
+    most = 0
+    for i in range(n):
+        most = max(most, hash_off[i + 1] - hash_off[i])
+    b0 = np.empty(most * B, dtype=np.uint64)
+    b1 = np.empty(most * B, dtype=np.uint64)
+    b2 = np.empty(most * B, dtype=np.uint64)
+    b3 = np.empty(most * B, dtype=np.uint64)
+    for i0 in range(0, n, 4):
+        # lanes past the end repeat the last request with no blocks
+        i1, i2, i3 = min(i0 + 1, n - 1), min(i0 + 2, n - 1), min(i0 + 3, n - 1)
+        n0 = hash_off[i0 + 1] - hash_off[i0]
+        n1 = hash_off[i1 + 1] - hash_off[i1] if i0 + 1 < n else 0
+        n2 = hash_off[i2 + 1] - hash_off[i2] if i0 + 2 < n else 0
+        n3 = hash_off[i3 + 1] - hash_off[i3] if i0 + 3 < n else 0
+        _fill_request(b0, i0, n0 * B, seed, vocab_size, inv, seg_ids, seg_lens, seg_offsets,
+                      output_segment_id, output_tokens, output_salt_seed)
+        _fill_request(b1, i1, n1 * B, seed, vocab_size, inv, seg_ids, seg_lens, seg_offsets,
+                      output_segment_id, output_tokens, output_salt_seed)
+        _fill_request(b2, i2, n2 * B, seed, vocab_size, inv, seg_ids, seg_lens, seg_offsets,
+                      output_segment_id, output_tokens, output_salt_seed)
+        _fill_request(b3, i3, n3 * B, seed, vocab_size, inv, seg_ids, seg_lens, seg_offsets,
+                      output_segment_id, output_tokens, output_salt_seed)
+        h0, h1 = _chain_start(groups[i0], hash_seed), _chain_start(groups[i1], hash_seed)
+        h2, h3 = _chain_start(groups[i2], hash_seed), _chain_start(groups[i3], hash_seed)
+        t0 = np.uint64(groups[i0] + 1) << GROUP_SHIFT
+        t1 = np.uint64(groups[i1] + 1) << GROUP_SHIFT
+        t2 = np.uint64(groups[i2] + 1) << GROUP_SHIFT
+        t3 = np.uint64(groups[i3] + 1) << GROUP_SHIFT
+        o0, o1, o2, o3 = hash_off[i0], hash_off[i1], hash_off[i2], hash_off[i3]
+        common = min(min(n0, n1), min(n2, n3))
+        for b in range(common):
+            for t in range(b * B, (b + 1) * B):
+                h0 = splitmix64(h0 ^ b0[t])
+                h1 = splitmix64(h1 ^ b1[t])
+                h2 = splitmix64(h2 ^ b2[t])
+                h3 = splitmix64(h3 ^ b3[t])
+            hashes[o0 + b] = t0 | (h0 & LOW_MASK)
+            hashes[o1 + b] = t1 | (h1 & LOW_MASK)
+            hashes[o2 + b] = t2 | (h2 & LOW_MASK)
+            hashes[o3 + b] = t3 | (h3 & LOW_MASK)
+        _chain_tail(b0, h0, t0, common, n0, B, hashes, o0)
+        _chain_tail(b1, h1, t1, common, n1, B, hashes, o1)
+        _chain_tail(b2, h2, t2, common, n2, B, hashes, o2)
+        _chain_tail(b3, h3, t3, common, n3, B, hashes, o3)
