@@ -4,9 +4,11 @@ Counted with :func:`prefixshield.experiments.overhead.state_bytes`: the bytes of
 array a freshly built policy holds after ``bind_tenants`` (its struct-of-arrays state is
 allocated up front, so a full pool holds the same arrays), divided by the configured blocks;
 PrefixShield's debt-over-time series is an observability buffer and is left out (as in the
-overhead table). Hash-map entries (S3-FIFO's ghost, PrefixShield's admission history index) grow
-with use and are reported by their bound, in entries. Sizes: 4,096 blocks / 32 groups and
-1,048,576 / 1,024 (``--quick``: the first).
+overhead table). Entries of numba typed Dicts (S3-FIFO's ghost index) are not numpy arrays: they
+grow with use and are reported by their bound, in entries. PrefixShield's admission history
+(``history_factor x blocks`` entries, default 4x) is in arrays, its hash index included, so its
+bytes are counted. Sizes: 4,096 blocks / 32 groups and 1,048,576 / 1,024 (``--quick``: the
+first).
 
 Anchor: LRU (vLLM's free queue as intrusive lists), same size.
 """
@@ -26,11 +28,9 @@ def steps(quick: bool) -> int:
 
 
 def entry_bound(policy) -> int:
-    """Most hash-map entries the policy may hold (its documented bounds)."""
+    """Most typed-Dict entries the policy may hold beside its arrays (its documented bounds)."""
     if policy.name == "s3fifo":
         return int(policy.ghost_size)
-    if policy.name == "prefixshield":
-        return int(policy.history_capacity)
     return 0
 
 
@@ -40,11 +40,11 @@ def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
     from prefixshield.policies import POLICIES, make_policy
 
     res = SectionResult(
-        "state", "policy state bytes per block (numpy arrays; hash-map entries apart)",
+        "state", "policy state bytes per block (numpy arrays; typed-Dict entries apart)",
         [Column("blocks", "blocks", ","), Column("groups", "groups", ","),
          Column("policy", "policy"), Column("bytes_per_block", "bytes / block", ".1f"),
          Column("over_lru", "/ LRU", ".2f", "x"),
-         Column("entry_bound", "hash-map entries (bound)", ","),
+         Column("entry_bound", "typed-Dict entries (bound)", ","),
          Column("target_bytes", "target", ",")])
     for blocks, groups in SIZES[:steps(quick)]:
         tick(f"state: {blocks:,} blocks / {groups:,} groups")
@@ -63,6 +63,17 @@ def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
     res.notes.append(f"target: <= {TARGET_BYTES} bytes of policy state per block; measured "
                      + ", ".join(f"{k} {v:.1f}" for k, v in worst.items())
                      + " (at the largest size run)")
+    ps = [r for r in res.rows if r["policy"] == "prefixshield"]
+    if ps:
+        from prefixshield.policies.kernels import prefixshield_kernels as K
+
+        blocks = ps[-1]["blocks"]
+        policy = make_policy("prefixshield", blocks)
+        hist = K.history_bytes(policy.history_capacity) / blocks
+        res.notes.append(f"prefixshield: {hist:.1f} of its bytes per block are the admission "
+                         f"history ({policy.history_capacity:,} (group, prefix_id) entries = "
+                         f"{policy.history_factor:g} x blocks, the default), the rest "
+                         f"{ps[-1]['bytes_per_block'] - hist:.1f}")
     res.notes.append("anchor: LRU, whose state is exactly vLLM's free queue (prev/next/member "
                      "per block)")
     return res

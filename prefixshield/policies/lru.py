@@ -48,6 +48,7 @@ def _replay_keys_table(keys, hits, block_of, key_of, prev, nxt, member, length, 
     for kk, b in block_of.items():
         ht.insert(tk, tv, kk, b, shift, mask)
     head = num_blocks
+    tail = num_blocks + 1
     for i in range(keys.shape[0]):
         kk = keys[i]
         j = ht.find(tk, kk, shift, mask)
@@ -61,8 +62,18 @@ def _replay_keys_table(keys, hits, block_of, key_of, prev, nxt, member, length, 
                 ht.delete(tk, tv, ht.find(tk, old, shift, mask), shift, mask)
             key_of[b] = kk
             ht.insert(tk, tv, kk, b, shift, mask)
-        ll.unlink_one(prev, nxt, member, length, b)
-        ll.push_tail_one(prev, nxt, member, length, num_blocks, 0, b)
+        # unlink + push to the tail of the one list, without its member/length bookkeeping
+        # (b stays in list 0, the length is unchanged); a block already at the tail stays
+        last = prev[tail]
+        if b != last:
+            p = prev[b]
+            q = nxt[b]
+            nxt[p] = q
+            prev[q] = p
+            prev[b] = last
+            nxt[b] = tail
+            nxt[last] = b
+            prev[tail] = b
     block_of.clear()
     for j in range(tk.shape[0]):
         if tk[j] != ht.EMPTY:

@@ -22,11 +22,14 @@ at ``t``, ``P_g = D̃_g(t)``; while a group with a candidate has ``P_g > ε``, t
 then native free order) and ``P_g -= 1/W_g(t)``; otherwise the first candidate globally.
 
 Implementation: per-(group, class) intrusive LRU lists, global per-class lists and a heap over the
-indebted groups, all in numpy arrays driven by the numba kernels of
-:mod:`prefixshield.policies.kernels.prefixshield_kernels` (one kernel call per event; a victim
-costs O(log G)). The pure-Python executable spec is
-:class:`prefixshield.policies.reference.prefixshield.ReferencePrefixShield`; the two agree
-decision for decision (tests/policies/test_prefixshield_random.py).
+indebted groups, all in one packed buffer of numpy arrays (narrow dtypes, bounds stated in the
+kernels module) driven by the numba kernels of
+:mod:`prefixshield.policies.kernels.prefixshield_kernels` (one kernel call per event, passing the
+buffer; a victim costs O(log G) plus a pass over the groups that may owe). The pure-Python
+executable spec is :class:`prefixshield.policies.reference.prefixshield.ReferencePrefixShield`;
+the two agree decision for decision (tests/policies/test_prefixshield_random.py). The pure cache
+driver's loop also runs as one kernel (:meth:`PrefixShieldPolicy.replay_keys`, held to the
+per-call path in tests/policies/test_prefixshield_replay.py).
 
 Interpretations of the spec, stated once here:
 
@@ -58,12 +61,12 @@ import math
 from typing import Sequence
 
 import numpy as np
-from numba import types
-from numba.typed import Dict
 
 from prefixshield.policies.base import Policy, register_policy
 from prefixshield.policies.kernels import prefixshield_kernels as K
-from prefixshield.policies.kernels.linkedlist import LinkedLists, list_to_array, push_tail
+from prefixshield.policies.kernels.hashtable import new_table, table_bits
+from prefixshield.policies.kernels.linkedlist import list_to_array
+from prefixshield.policies.kernels.packed import Packed, entry_point
 from prefixshield.traces.contracts import Contract
 
 PROBATIONARY = K.PROBATIONARY
@@ -71,9 +74,6 @@ NORMAL = K.NORMAL
 REUSE = K.REUSE
 CLASS_NAMES = ("probationary", "normal", "reuse")
 """Retention classes by value; the eviction order is ascending."""
-
-_KEY_TYPE = types.UniTuple(types.int64, 2)
-
 
 class DebtLog:
     """Bounded series of ``(t s, group, D_g blocks, cached blocks per group and class)``
@@ -128,6 +128,17 @@ class DebtLog:
         if classes is not None:
             self.classes[self.size] = classes.reshape(-1)
         self.size += 1
+
+    def reserve(self, appends: int) -> None:
+        """Make room for ``appends`` more samples without growing (for the batch replay kernel,
+        which appends in place: its arrays then hold ``min(max_samples, size + appends)``
+        rows, so "full" still means ``max_samples``)."""
+        cap = min(self.max_samples, max(self.t.shape[0], self.size + int(appends)))
+        if cap > self.t.shape[0]:
+            self.t = np.resize(self.t, cap)
+            self.group = np.resize(self.group, cap)
+            self.debt = np.resize(self.debt, cap)
+            self.classes = np.resize(self.classes, (cap, self.classes.shape[1]))
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Copies of (t seconds, group id, raw debt blocks)."""
@@ -187,56 +198,110 @@ class PrefixShieldPolicy(Policy):
         self.history_capacity = max(1, int(history_factor * self.num_blocks))
         self.max_debt_samples = int(max_debt_samples)
         self.debt_log = DebtLog(self.max_debt_samples)
-        self._now = 0.0
-        N = self.num_blocks
-        # per-block state
-        self.owner = np.full(N, -1, dtype=np.int32)
-        self.contract = np.full(N, -1, dtype=np.int32)
-        self.prefix = np.full(N, -1, dtype=np.int64)
-        self.klass = np.zeros(N, dtype=np.int8)
-        self.cached = np.zeros(N, dtype=np.bool_)
-        self.seq = np.zeros(N, dtype=np.int64)
-        self.hits = np.zeros(N, dtype=np.int64)
-        self.last_access = np.zeros(N, dtype=np.float64)
-        self._seq_counter = np.zeros(1, dtype=np.int64)
-        # global lists: classes 0..2 + truly free; all blocks but the null block start truly free
-        self._glob = g = LinkedLists(N, K.NUM_GLOBAL_LISTS)
-        push_tail(g.prev, g.nxt, g.member, g.length, N, K.TRULY_FREE,
-                  np.arange(1, N, dtype=np.int32))
         self._bound = False
-        self._alloc_group_state(0, [])
+        self._build(0, [])
 
-    def _alloc_group_state(self, G: int, contracts: Sequence[Contract]) -> None:
-        # admission history: LRU set of (group, prefix_id) in slots 0..H-1, sentinels H, H+1
-        H = self.history_capacity
-        self._hmap = Dict.empty(key_type=_KEY_TYPE, value_type=types.int64)
-        self._hkey_g = np.zeros(H, dtype=np.int64)
-        self._hkey_p = np.zeros(H, dtype=np.int64)
-        self._hprev = np.full(H + 2, -1, dtype=np.int64)
-        self._hnxt = np.full(H + 2, -1, dtype=np.int64)
-        self._hnxt[H] = H + 1
-        self._hprev[H + 1] = H
-        self._hused = np.zeros(1, dtype=np.int64)
+    # per-block fields (and the global lists) survive a rebuild of the buffer at bind_tenants
+    _PER_BLOCK = ("owner", "contract", "prefix", "klass", "cached", "seq", "hits", "gprev",
+                  "gnxt", "gmember", "glen")
+
+    def _build(self, G: int, contracts: Sequence[Contract]) -> None:
+        """(Re)build the packed state for ``G`` groups and ``contracts``: buckets full, counters,
+        history and group lists empty; per-block state and the global lists kept (all blocks but
+        the null block start truly free)."""
+        if G > K.MAX_GROUPS or len(contracts) > K.MAX_CONTRACTS:
+            raise ValueError(f"prefixshield supports at most {K.MAX_GROUPS} groups and "
+                             f"{K.MAX_CONTRACTS} contracts, got {G} and {len(contracts)}")
+        N, C, H = self.num_blocks, len(contracts), self.history_capacity
+        old = getattr(self, "_packed", None)
+        self._layout = (N, G, C, H, K.history_bits(H))
+        self._attach(None)
+        a = self._packed.arrays
+        ctl = a["ctl"]
+        ctl[[K.C_N, K.C_G, K.C_C, K.C_H, K.C_HBITS]] = self._layout
+        ctl[K.C_SEGMENTATION] = self.segmentation
+        ctl[K.C_DEBT_GATE] = self.debt_gate
+        ctl[K.C_RESPONSIBILITY] = self.responsibility
+        ctl[K.C_TF_TO_HEAD] = self.vllm_compat == "current"
+        a["fctl"][K.F_EPSILON] = self.epsilon
+        a["fctl"][K.F_PRUNE_CLOCK] = -np.inf
+        a["fctl"][K.F_CLOCK] = old.arrays["fctl"][K.F_CLOCK] if old is not None else 0.0
+        for name in ("gprev", "gnxt", "qprev", "qnxt"):
+            a[name][:] = -1
+        a["dpos"][:] = -1
+        if old is None:
+            a["owner"][:] = -1
+            a["contract"][:] = -1
+            a["prefix"][:] = -1
+            a["gmember"][:] = -1
+            # the global lists: classes 0..2 empty, truly free = 1 .. N-1 in order
+            for k in range(K.NUM_GLOBAL_LISTS):
+                a["gnxt"][N + 2 * k] = N + 2 * k + 1
+                a["gprev"][N + 2 * k + 1] = N + 2 * k
+            chain = np.concatenate(([N + 2 * K.TRULY_FREE], np.arange(1, N),
+                                    [N + 2 * K.TRULY_FREE + 1])).astype(np.int32)
+            a["gnxt"][chain[:-1]] = chain[1:]
+            a["gprev"][chain[1:]] = chain[:-1]
+            a["gmember"][1:] = K.TRULY_FREE
+            a["glen"][K.TRULY_FREE] = N - 1
+        else:
+            for name in self._PER_BLOCK:
+                a[name][...] = old.arrays[name]
+            ctl[K.C_SEQ] = old.arrays["ctl"][K.C_SEQ]
+        for lst in range(K.NUM_CLASSES * G):
+            a["qnxt"][N + 2 * lst] = N + 2 * lst + 1
+            a["qprev"][N + 2 * lst + 1] = N + 2 * lst
+        a["hnxt"][H] = H + 1
+        a["hprev"][H + 1] = H
+        self.rho[:] = [c.rho_blocks_per_s * self.rho_scale for c in contracts]
+        self.beta[:] = [c.beta_blocks for c in contracts]
+        if C:
+            self.weight[:] = self.rho / self.rho.min()
+        self.balance[:] = self.beta
         self.debt_log = DebtLog(self.max_debt_samples, G * K.NUM_CLASSES)
-        C = len(contracts)
-        self._queues = LinkedLists(self.num_blocks, K.NUM_CLASSES * G)
-        self.rho = np.array([c.rho_blocks_per_s * self.rho_scale for c in contracts],
-                            dtype=np.float64)
-        self.beta = np.array([c.beta_blocks for c in contracts], dtype=np.float64)
-        self.weight = self.rho / self.rho.min() if C else np.zeros(0)
-        self.balance = np.broadcast_to(self.beta, (G, C)).copy()
-        self.t0 = np.zeros((G, C), dtype=np.float64)
-        self.charged = np.zeros((G, C), dtype=np.int64)
-        self.materialized = np.zeros(G, dtype=np.int64)
-        self.class_count = np.zeros((G, K.NUM_CLASSES), dtype=np.int64)
-        self.granted = np.zeros(G, dtype=np.int64)
-        self.gated = np.zeros(G, dtype=np.int64)
-        self.in_debt = np.zeros(G, dtype=np.int64)
-        self.evictions = np.zeros((G, G + 1), dtype=np.int64)
-        self.evicted_class = np.zeros((G + 1, K.NUM_CLASSES), dtype=np.int64)
-        self._P = np.zeros(G, dtype=np.float64)
-        self._W = np.zeros(G, dtype=np.float64)
-        self._heap = np.zeros(G, dtype=np.int32)
+        self._connect_select()
+
+    _VIEWS = (("owner", "owner"), ("contract", "contract"), ("prefix", "prefix"),
+              ("klass", "klass"), ("cached", "cached"), ("seq", "seq"), ("hits", "hits"),
+              ("rho", "rho"), ("beta", "beta"), ("w", "weight"), ("bal", "balance"),
+              ("t0", "t0"), ("charged", "charged"), ("materialized", "materialized"),
+              ("cls_count", "class_count"), ("granted", "granted"), ("gated", "gated"),
+              ("in_debt", "in_debt"), ("evictions", "evictions"),
+              ("evicted_class", "evicted_class"), ("P", "_P"), ("W", "_W"), ("heap", "_heap"),
+              ("glen", "_glen"), ("gnxt", "_gnxt"), ("gmember", "_gmember"), ("qnxt", "_qnxt"),
+              ("qlen", "_qlen"), ("ctl", "_ctl"), ("fctl", "_fctl"))
+    """(field, attribute): the numpy views of the packed state the Python side reads."""
+
+    def _attach(self, buffer: np.ndarray | None) -> None:
+        """Views, addresses and the selection entry over packed state ``buffer`` (None: a new,
+        zeroed one) of layout ``self._layout``."""
+        self._packed = packed = Packed(K.layout(*self._layout), buffer)
+        self._state = packed.buffer
+        self._history_start = min(packed.offsets[f] for f in K.HISTORY_FIELDS)
+        for name, attr in self._VIEWS:
+            setattr(self, attr, packed.arrays[name])
+        # the selection fast path: scalar arguments only (see select_victims); the addresses
+        # are of arrays this object holds
+        self._new_chunk(0)
+        self._state_addr = self._state.ctypes.data
+        if self._ctl[K.C_N] == self.num_blocks:  # sizes written (else _build connects it)
+            self._connect_select()
+
+    def _connect_select(self) -> None:
+        self._select_at = entry_point(K.select_at, self._state_addr, self._state.shape[0], 0,
+                                      0.0, 0, self._out_addr, 0)
+
+    def __getstate__(self) -> dict:
+        """Pickle/deepcopy: the buffer and the plain attributes (views, addresses and the
+        compiled entry are rebuilt over the copy's own buffer)."""
+        derived = {attr for _, attr in self._VIEWS} | {
+            "_packed", "_state_addr", "_select_at", "_out", "_out_addr", "_out_off",
+            "_history_start"}
+        return {k: v for k, v in self.__dict__.items() if k not in derived}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._attach(self._state)
 
     def bind_tenants(self, groups: Sequence[str], contracts: Sequence[Contract]) -> None:
         """Name the groups and contracts and size the per-group state: buckets start full.
@@ -248,7 +313,7 @@ class PrefixShieldPolicy(Policy):
         if len(contracts) == 0:
             raise ValueError("prefixshield needs at least one contract")
         super().bind_tenants(groups, contracts)
-        self._alloc_group_state(len(self.groups), self.contracts)
+        self._build(len(self.groups), self.contracts)
         self._bound = True
 
     # ------------------------------------------------------------------ helpers
@@ -261,16 +326,16 @@ class PrefixShieldPolicy(Policy):
             raise ValueError(f"contract id {contract} out of range: "
                              f"{len(self.contracts)} contracts bound")
 
+    @property
+    def _now(self) -> float:
+        """Latest clock seen (s)."""
+        return float(self._fctl[K.F_CLOCK])
+
     def _tick(self, now: float) -> float:
         now = float(now)
-        if now > self._now:
-            self._now = now
+        if now > self._fctl[K.F_CLOCK]:
+            self._fctl[K.F_CLOCK] = now
         return now
-
-    def _lists(self, glob: LinkedLists | None = None, queues: LinkedLists | None = None):
-        g = glob or self._glob
-        q = queues or self._queues
-        return g.prev, g.nxt, g.member, g.length, q.prev, q.nxt, q.member, q.length
 
     # ------------------------------------------------------------------ Policy interface
     def on_materialize(self, blocks: np.ndarray, hashes: np.ndarray, group: int, contract: int,
@@ -282,12 +347,7 @@ class PrefixShieldPolicy(Policy):
         if len(blocks) == 0:
             return
         blocks = np.asarray(blocks, dtype=np.int32)
-        d, bad = K.materialize(blocks, group, contract, int(prefix_id), now, self.balance,
-                               self.t0, self.rho, self.beta, self.epsilon, self.segmentation,
-                               self._glob.member, self._hmap, self._hkey_g, self._hkey_p,
-                          self._hprev, self._hnxt, self._hused, self.owner, self.contract,
-                          self.prefix, self.klass, self.cached, self.hits, self.last_access,
-                          self.class_count, self.charged, self.materialized)
+        d, bad = K.materialize(self._state, blocks, group, contract, int(prefix_id), now)
         if bad >= 0:
             raise ValueError(f"on_materialize: block {int(blocks[bad])} is free or not a block id "
                              f"(materialized blocks must be in use); nothing was charged")
@@ -301,11 +361,8 @@ class PrefixShieldPolicy(Policy):
         now = self._tick(now)
         if len(blocks) == 0:
             return
-        K.hit(np.asarray(blocks, dtype=np.int32), group, contract, int(prefix_id), now,
-              self.balance, self.t0, self.rho, self.beta, self.epsilon, self.segmentation,
-              self.debt_gate, *self._lists(), self.owner, self.contract, self.prefix,
-              self.klass, self.cached, self.seq, self._seq_counter, self.hits, self.last_access,
-              self.class_count, self.granted, self.gated, self.in_debt)
+        K.hit(self._state, np.asarray(blocks, dtype=np.int32), group, contract, int(prefix_id),
+              now)
 
     def on_release(self, blocks: np.ndarray, cached: np.ndarray, now: float) -> None:
         """``blocks`` became free in vLLM's free order; cached ones become candidates at the
@@ -314,10 +371,7 @@ class PrefixShieldPolicy(Policy):
         if len(blocks) == 0:
             return
         blocks = np.asarray(blocks, dtype=np.int32)
-        bad = K.release(blocks, np.asarray(cached, dtype=np.bool_), self.vllm_compat == "current",
-                        self.segmentation, *self._lists(), self.owner, self.contract, self.prefix,
-                        self.klass, self.cached, self.seq, self._seq_counter, self.hits,
-                        self.class_count)
+        bad = K.release(self._state, blocks, np.asarray(cached, dtype=np.bool_))
         if bad >= 0:
             raise ValueError(f"on_release: block {int(blocks[bad])} is already free or not a "
                              f"block id; blocks[:{bad}] were released")
@@ -327,56 +381,118 @@ class PrefixShieldPolicy(Policy):
         if len(blocks) == 0:
             return
         blocks = np.asarray(blocks, dtype=np.int32)
-        bad = K.acquire(blocks, *self._lists())
+        bad = K.acquire(self._state, blocks)
         if bad >= 0:
             raise ValueError(f"on_acquire: block {int(blocks[bad])} is not a free cached block; "
                              f"blocks[:{bad}] were taken")
 
+    _OUT_CHUNK = 4096
+    """Victim arrays are cut from chunks of this many int32 slots (see select_victims)."""
+
     def select_victims(self, n: int, now: float, requester: int) -> np.ndarray:
         """Remove and return ``n`` free blocks: truly free ones first, then reclaimed candidates
-        by projected debt at ``now`` seconds (one kernel call for all ``n``)."""
-        self._check(requester)
-        now = self._tick(now)
-        if n > self.num_free():
-            raise ValueError(f"cannot select {n} victims: {self.num_free()} free blocks")
-        out = np.empty(n, dtype=np.int32)
-        if n > 0:
-            K.select(n, now, requester, out, self.balance, self.t0, self.rho, self.beta,
-                     self.weight, self.epsilon, self.responsibility, *self._lists(),
-                     self.owner, self.contract, self.prefix, self.klass, self.cached, self.seq,
-                     self.hits, self.class_count, self.evictions, self.evicted_class, self._P,
-                     self._W, self._heap)
-        return out
+        by projected debt at ``now`` seconds (one kernel call for all ``n``).
+
+        This is the hot call of the pool, so it is one kernel call with scalar arguments only
+        (:func:`~prefixshield.policies.kernels.prefixshield_kernels.select_at`, through its
+        compiled entry: no array unboxing, no dispatch), which also checks ``requester`` and
+        ``n`` and advances the clock. Victims are written into a preallocated chunk: the array
+        returned is a slice of it that no later call writes (cheaper than allocating one per
+        call; the chunk is replaced when full)."""
+        off = self._out_off
+        if off + n > self._OUT_CHUNK:
+            self._new_chunk(n)
+            off = 0
+        got = self._select_at(self._state_addr, self._state.shape[0], n, now, requester,
+                              self._out_addr, off)
+        if got < 0:
+            self._select_error(got, n, requester)
+        self._out_off = off + n
+        return self._out[off:off + n]
+
+    def _new_chunk(self, n: int) -> None:
+        self._out = np.empty(max(self._OUT_CHUNK, n), dtype=np.int32)
+        self._out_addr = self._out.ctypes.data
+        self._out_off = 0
+
+    def _select_error(self, code: int, n: int, requester: int) -> None:
+        if code == -3:
+            raise RuntimeError("prefixshield: call bind_tenants(groups, contracts) first")
+        if code == -2:
+            raise ValueError(f"group id {requester} out of range: {len(self.groups)} groups "
+                             f"bound")
+        raise ValueError(f"cannot select {n} victims: {self.num_free()} free blocks")
+
+    def replay_keys(self, keys: np.ndarray, block_of, key_of: np.ndarray,
+                    groups: np.ndarray | None = None, contract: int = 0) -> np.ndarray:
+        """The pure cache driver's loop in one kernel (see
+        :func:`prefixshield.simulator.cachedriver.replay_keys`, whose per-request calls it makes
+        decision for decision, debt-log samples included: tests/policies/
+        test_prefixshield_replay.py); request i has clock ``i`` s, group ``groups[i]``
+        (default 0), ``contract`` and prefix_id = its key.
+
+        Args:
+            keys: int64 content keys (>= 0), one per request.
+            block_of: numba typed Dict content key -> block (read at the start and written back;
+                during the replay the map is an array hash table).
+            key_of: int64 per block, its content key or -1 (updated).
+            groups: group id per request (int, each in range), or None.
+            contract: contract id of every request.
+
+        Returns:
+            bool per request, True where it hit.
+        """
+        n = keys.shape[0]
+        keys = np.ascontiguousarray(keys, dtype=np.int64)
+        groups = (np.zeros(n, dtype=np.int64) if groups is None
+                  else np.ascontiguousarray(groups, dtype=np.int64))
+        self._check(0, contract)
+        if n and (int(keys.min()) < 0 or int(groups.min()) < 0
+                  or int(groups.max()) >= len(self.groups)):
+            raise ValueError("replay_keys: keys must be >= 0 and groups bound group ids")
+        if groups.shape[0] != n:
+            raise ValueError(f"replay_keys: {groups.shape[0]} groups for {n} keys")
+        hits = np.zeros(n, dtype=np.bool_)
+        bits = table_bits(self.num_blocks)
+        bk, bv = new_table(bits, np.int32)
+        log = self.debt_log
+        log.reserve(n)
+        meta = np.array([log.size, log.stride, log.num_charges], dtype=np.int64)
+        bad = K.replay_keys(self._state, keys, groups, contract, hits, block_of, key_of, bk, bv,
+                            bits, log.t, log.group, log.debt, log.classes, meta, log.max_samples)
+        log.size, log.stride, log.num_charges = (int(x) for x in meta)
+        if bad >= 0:
+            raise ValueError(f"replay_keys: request {bad} made an illegal policy call")
+        return hits
 
     def num_free(self) -> int:
         """Free blocks held (truly free plus cached candidates)."""
-        return int(self._glob.length.sum())
+        return sum(self._glen.tolist())
 
     def num_truly_free(self) -> int:
         """Free blocks without a hash (handed out before any reclamation)."""
-        return int(self._glob.length[K.TRULY_FREE])
+        return int(self._glen[K.TRULY_FREE])
 
     def free_mask(self) -> np.ndarray:
         """Bool per block id: True where the block is free (truly free or a cached candidate)."""
-        return self._glob.member >= 0
+        return self._gmember >= 0
+
+    def _global_list(self, k: int) -> np.ndarray:
+        return list_to_array(self._gnxt, self.num_blocks, k, self._glen[k])
 
     def free_order(self) -> np.ndarray:
         """The free blocks in the order :meth:`select_victims` would hand them out if asked for
-        all of them at the latest clock seen (a dry run on copies; the state is untouched)."""
+        all of them at the latest clock seen (a dry run on a copy of the state up to the
+        admission history, which selection does not read; the state is untouched)."""
         n = self.num_free()
         out = np.empty(n, dtype=np.int32)
         if n == 0:
             return out
         if not self._bound:
-            return self._glob.to_array(K.TRULY_FREE)
-        glob = _copy_lists(self._glob)
-        queues = _copy_lists(self._queues)
-        K.select(n, self._now, 0, out, self.balance, self.t0, self.rho, self.beta, self.weight,
-                 self.epsilon, self.responsibility, *self._lists(glob, queues),
-                 self.owner.copy(), self.contract.copy(), self.prefix.copy(), self.klass.copy(),
-                 self.cached.copy(), self.seq, self.hits.copy(), self.class_count.copy(),
-                 self.evictions.copy(), self.evicted_class.copy(), self._P.copy(),
-                 self._W.copy(), self._heap.copy())
+            return self._global_list(K.TRULY_FREE)
+        dry = np.empty_like(self._state)
+        dry[:self._history_start] = self._state[:self._history_start]
+        K.select(dry, n, self._now, 0, out, 0)
         return out
 
     # ------------------------------------------------------------------ accounting views
@@ -426,8 +542,7 @@ class PrefixShieldPolicy(Policy):
         ``materialized_blocks`` (per group)."""
         G = len(self.groups)
         names = list(self.groups)
-        q = self._queues
-        free_cls = q.length.reshape(G, K.NUM_CLASSES) if G else np.zeros((0, 3), dtype=np.int64)
+        free_cls = self._qlen.reshape(G, K.NUM_CLASSES) if G else np.zeros((0, 3), np.int64)
         t, grp, d = self.debt_log.arrays()
         snap = self.debt_log.class_samples().reshape(-1, G, K.NUM_CLASSES)
         return {
@@ -484,15 +599,15 @@ class PrefixShieldPolicy(Policy):
             g = int(np.flatnonzero(self.in_debt)[0])
             raise AssertionError(f"I2: group {self.groups[g]!r} had {int(self.in_debt[g])} "
                                  f"promotion(s) while its debt exceeded epsilon={self.epsilon}")
-        glob = self._glob
-        tf = glob.to_array(K.TRULY_FREE)
+        tf = self._global_list(K.TRULY_FREE)
         if self.cached[tf].any():
             raise AssertionError(f"truly free list holds cached block(s) {tf[self.cached[tf]][:5]}")
-        if 0 in tf or glob.member[0] != -1:
+        if 0 in tf or self._gmember[0] != -1:
             raise AssertionError("the null block is in a free list")
         seen = tf.shape[0]
+        num_owned = 0
         for k in range(K.NUM_CLASSES):
-            blocks = glob.to_array(k)
+            blocks = self._global_list(k)
             seen += blocks.shape[0]
             if not self.cached[blocks].all():
                 raise AssertionError(f"class list {CLASS_NAMES[k]} holds uncached block(s) "
@@ -503,19 +618,17 @@ class PrefixShieldPolicy(Policy):
                                      f"is in the {CLASS_NAMES[k]} list")
             if blocks.size > 1 and not np.all(np.diff(self.seq[blocks]) > 0):
                 raise AssertionError(f"{CLASS_NAMES[k]} list is not in native free order")
-            own = self.owner[blocks]
-            want = np.where(own >= 0, K.NUM_CLASSES * own + k, -1)
-            got = self._queues.member[blocks]
-            if not np.array_equal(want, got):
-                i = int(np.flatnonzero(want != got)[0])
-                raise AssertionError(f"candidate {int(blocks[i])} (owner {int(own[i])}, class "
-                                     f"{CLASS_NAMES[k]}) is in group list {int(got[i])}, "
-                                     f"expected {int(want[i])}")
-        if seen != self.num_free() or int(glob.length.sum()) != seen:
+            num_owned += int(np.count_nonzero(self.owner[blocks] >= 0))
+        if seen != self.num_free() or int(self._glen.sum()) != seen:
             raise AssertionError(f"free lists hold {seen} blocks but report {self.num_free()}")
-        q = self._queues
+        # every group list holds only its (owner, class) candidates and together they hold every
+        # owned candidate: so each owned candidate is in exactly its list
+        listed = [np.zeros(0, dtype=np.int32)]
         for lst in range(K.NUM_CLASSES * G):
-            blocks = list_to_array(q.nxt, N, lst, q.length[lst])
+            blocks = list_to_array(self._qnxt, N, lst, self._qlen[lst])
+            listed.append(blocks)
+            if blocks.size and self._gmember[blocks].max() >= K.NUM_CLASSES:
+                raise AssertionError(f"group list {lst} holds a block that is not a candidate")
             g, k = divmod(lst, K.NUM_CLASSES)
             if blocks.size and (np.any(self.owner[blocks] != g) or np.any(self.klass[blocks] != k)):
                 raise AssertionError(f"group list ({self.groups[g]!r}, {CLASS_NAMES[k]}) holds a "
@@ -523,8 +636,11 @@ class PrefixShieldPolicy(Policy):
             if blocks.size > 1 and not np.all(np.diff(self.seq[blocks]) > 0):
                 raise AssertionError(f"group list ({self.groups[g]!r}, {CLASS_NAMES[k]}) is not in "
                                      f"native free order")
-        if int(q.length.sum()) != int(np.count_nonzero(q.member >= 0)):
-            raise AssertionError("group list lengths disagree with their members")
+        listed = np.concatenate(listed)
+        if listed.shape[0] != num_owned or np.unique(listed).shape[0] != num_owned:
+            raise AssertionError(f"group lists hold {listed.shape[0]} blocks "
+                                 f"({np.unique(listed).shape[0]} distinct), {num_owned} owned "
+                                 f"candidates are free")
         owned = self.cached & (self.owner >= 0)
         counts = np.zeros((G, K.NUM_CLASSES), dtype=np.int64)
         np.add.at(counts, (self.owner[owned], self.klass[owned].astype(np.int64)), 1)
@@ -534,13 +650,3 @@ class PrefixShieldPolicy(Policy):
         if not self.segmentation and np.any(self.klass[self.cached] != NORMAL):
             raise AssertionError("segmentation is off but a cached block is not NORMAL")
 
-
-def _copy_lists(lists: LinkedLists) -> LinkedLists:
-    out = LinkedLists.__new__(LinkedLists)
-    out.num_blocks = lists.num_blocks
-    out.num_lists = lists.num_lists
-    out.prev = lists.prev.copy()
-    out.nxt = lists.nxt.copy()
-    out.member = lists.member.copy()
-    out.length = lists.length.copy()
-    return out

@@ -152,7 +152,10 @@ class S3FIFOPolicy(Policy):
         self._params[k.P_THRESHOLD] = self.move_to_main_threshold
         self._params[k.P_FREQ_CAP] = self.freq_cap
         self._params[k.P_CURRENT_MODE] = int(self.vllm_compat == "current")
-        self._gkeys = np.zeros(2 * (self.ghost_size + self.num_blocks) + 2, dtype=np.uint64)
+        # the ghost ring: live keys never exceed ghost_size + (blocks of one allocation) <
+        # ghost_size + num_blocks, so this capacity leaves >= num_blocks + 2 free slots after a
+        # compaction (each compaction, O(capacity), pays for >= num_blocks appends)
+        self._gkeys = np.zeros(self.ghost_size + 2 * self.num_blocks + 2, dtype=np.uint64)
         self._gpos = np.zeros(2, dtype=np.int64)
         self._gmap = Dict.empty(key_type=types.uint64, value_type=types.int64)
         self._ghost_slack = 0  # keys the last allocation appended untrimmed (see kernels doc)

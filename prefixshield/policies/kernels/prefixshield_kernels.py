@@ -1,25 +1,44 @@
-"""Numba kernels of the PrefixShield policy (DESIGN §5.4) over struct-of-arrays state.
+"""Numba kernels of the PrefixShield policy (DESIGN §5.4) over one packed state buffer.
 
-Every public kernel here is one call per policy event (``on_materialize``, ``on_hit``,
-``on_release``, ``on_acquire``, ``select_victims``); none loops in Python per block. The formulas
-live here once; :mod:`prefixshield.policies.prefixshield` only owns the arrays and calls these.
+Every public event kernel here is one call per policy event (``on_materialize``, ``on_hit``,
+``on_release``, ``on_acquire``, ``select_victims``) and takes the policy's whole state as one
+uint8 buffer (:class:`~prefixshield.policies.kernels.packed.Packed`, fields listed in
+:data:`FIELDS`; :func:`state` rebuilds the arrays from it without allocating), so a call from
+Python unboxes one array instead of thirty. The formulas live here once;
+:mod:`prefixshield.policies.prefixshield` only builds the buffer and calls these.
 
-State layout (all numpy, indexed by block id ``b < num_blocks`` unless said otherwise):
+State layout (indexed by block id ``b < N`` unless said otherwise; bounds of the narrow dtypes
+are enforced by the policy: ``G <= MAX_GROUPS``, ``C <= MAX_CONTRACTS``):
 
-* ``owner[b]`` (int32): group that materialized b's cached content, -1 if none/unknown;
-  ``contract[b]`` (int32), ``prefix[b]`` (int64): the request's contract and prefix_id;
+* ``owner[b]`` (int16): group that materialized b's cached content, -1 if none/unknown;
+  ``contract[b]`` (int16), ``prefix[b]`` (int64): the request's contract and prefix_id;
   ``klass[b]`` (int8): retention class, PROBATIONARY=0 < NORMAL=1 < REUSE=2;
-  ``cached[b]`` (bool): the policy believes b carries a hash; ``seq[b]`` (int64): native-order
-  stamp (larger = more recent release); ``hits[b]`` (int64), ``last_access[b]`` (float64 s):
-  reuse evidence.
-* Global lists (one :class:`~prefixshield.policies.kernels.linkedlist.LinkedLists` with 4 lists,
-  arrays ``g*``): list k in 0..2 = free cached candidates of class k over all groups, in native
-  free order (oldest at the head); list 3 = truly free blocks, in reuse order.
-* Group lists (another ``LinkedLists`` with 3·G lists, arrays ``q*``): list ``3·g + k`` = free
+  ``cached[b]`` (bool): the policy believes b carries a hash; ``seq[b]`` (int32): native-order
+  stamp (larger = more recent release; see :func:`_next_seq` for its bound); ``hits[b]``
+  (int32, saturating at 2**31 - 1; no decision reads it): reuse evidence.
+* Global lists (``gprev``/``gnxt`` int32 over ``N + 2·4`` nodes, ``gmember`` int8, ``glen``;
+  the layout of :class:`~prefixshield.policies.kernels.linkedlist.LinkedLists`): list k in 0..2
+  = free cached candidates of class k over all groups, in native free order (oldest at the
+  head); list 3 = truly free blocks, in reuse order.
+* Group lists (``qprev``/``qnxt`` over ``N + 2·3G`` nodes, ``qlen``): list ``3·g + k`` = free
   cached candidates owned by group g in class k, oldest at the head. A candidate with an unknown
-  owner is only in the global lists.
+  owner is only in the global lists. A block's group list is not stored: it is
+  ``3·owner[b] + klass[b]`` whenever b is a free candidate with ``owner[b] >= 0`` (the kernels
+  unlink a block before they change its class).
 * Buckets: ``bal[g, c]`` (blocks), ``t0[g, c]`` (s); contract arrays ``rho[c]`` (blocks/s),
   ``beta[c]`` (blocks), ``w[c] = rho[c] / min(rho)``.
+* Debtors: ``debtors[:ctl[C_NUM_DEBTORS]]`` (int32, ``dpos[g]`` its index or -1) holds every
+  group that may owe at some clock >= ``fctl[F_PRUNE_CLOCK]``: every group whose last charge
+  left ``bal[g, c] < 0`` and whose debt was not seen cleared since. A group outside it owes
+  nothing at such a clock (a bucket with ``bal >= 0`` never goes negative by refilling, and a
+  cleared one stays cleared as the clock advances), so selection computes ``P_g`` only for
+  these; at an earlier clock (one that stepped back) it computes all groups, as before.
+* Admission history: an LRU set of ``(group, prefix_id)`` pairs in entries ``0..H-1``
+  (``hkey_g`` int16, ``hkey_p`` int64; LRU order in ``hprev``/``hnxt``, int32, sentinels H and
+  H+1) indexed by an open-addressing table ``htab`` (int32, ``entry + 1``, 0 = empty; linear
+  probing, backward-shift deletion; ``2**bits`` slots at load <= 3/4).
+* ``ctl`` (int64) / ``fctl`` (float64): sizes, flags and counters (the ``C_*`` / ``F_*``
+  indices below).
 
 Because every list receives blocks at its tail in increasing ``seq`` order, "head of a list" is
 "oldest in native order", and the best candidate of a group is the head of its lowest non-empty
@@ -28,11 +47,19 @@ class list (O(3)).
 
 from __future__ import annotations
 
+from collections import namedtuple
+
+import numpy as np
 from numba import njit
 
+from prefixshield.policies.kernels.hashtable import delete as _ht_delete
+from prefixshield.policies.kernels.hashtable import find as _ht_find
+from prefixshield.policies.kernels.hashtable import insert as _ht_insert
 from prefixshield.policies.kernels.linkedlist import insert_after as _insert_after
 from prefixshield.policies.kernels.linkedlist import push_tail_one as _push_tail1
 from prefixshield.policies.kernels.linkedlist import unlink_one as _unlink1
+from prefixshield.policies.kernels.packed import at_address as _at_address
+from prefixshield.policies.kernels.packed import field as _field
 
 PROBATIONARY = 0
 NORMAL = 1
@@ -42,17 +69,181 @@ TRULY_FREE = 3
 """Index of the truly-free list in the global lists (lists 0..2 are the classes)."""
 NUM_GLOBAL_LISTS = 4
 
+MAX_GROUPS = 32767
+"""Groups fit ``owner``/``hkey_g`` (int16). (The eviction matrix alone is 8·G² bytes: 8 GiB at
+this bound.)"""
+MAX_CONTRACTS = 32767
+"""Contracts fit ``contract`` (int16)."""
+SEQ_LIMIT = 2**31 - 1
+"""``seq`` is int32: at this stamp the stamps are renumbered (:func:`_renumber_seq`)."""
+HITS_LIMIT = 2**31 - 1
+"""``hits`` is int32 and saturates here."""
+
+# ctl (int64) indices
+C_N = 0              # blocks, null block included
+C_G = 1              # groups (0: not bound yet)
+C_C = 2              # contracts
+C_H = 3              # admission-history capacity (entries)
+C_HBITS = 4          # log2 of the history table's slots
+C_SEGMENTATION = 5   # flags, 0/1
+C_DEBT_GATE = 6
+C_RESPONSIBILITY = 7
+C_TF_TO_HEAD = 8     # vLLM "current": freed unhashed blocks go to the head of the truly free list
+C_SEQ = 9            # next native-order stamp
+C_HUSED = 10         # history entries used so far (<= H)
+C_NUM_DEBTORS = 11
+NUM_CTL = 12
+# fctl (float64) indices
+F_EPSILON = 0
+F_PRUNE_CLOCK = 1    # latest clock at which a debtor was dropped (-inf: none yet)
+F_CLOCK = 2          # latest clock seen (s)
+NUM_FCTL = 3
+
+State = namedtuple("State", [
+    "ctl", "fctl",
+    "owner", "contract", "prefix", "klass", "cached", "seq", "hits",
+    "gprev", "gnxt", "gmember", "glen", "qprev", "qnxt", "qlen",
+    "rho", "beta", "w", "bal", "t0", "charged", "materialized", "cls_count", "granted", "gated",
+    "in_debt", "evictions", "evicted_class", "P", "W", "heap", "debtors", "dpos",
+    "hkey_g", "hkey_p", "hprev", "hnxt", "htab"])
+"""The arrays of the packed state, in field order (see the module docstring)."""
+
+FIELDS = State._fields
+HISTORY_FIELDS = ("hkey_g", "hkey_p", "hprev", "hnxt", "htab")
+"""The last fields of the buffer: selection never reads them (:meth:`free_order` copies the
+buffer up to them)."""
+
+
+def layout(N: int, G: int, C: int, H: int, hbits: int) -> list[tuple[str, type, tuple]]:
+    """``(name, dtype, shape)`` of every field, in :data:`FIELDS` order, for
+    :class:`~prefixshield.policies.kernels.packed.Packed`."""
+    shapes = {
+        "ctl": (np.int64, (NUM_CTL,)), "fctl": (np.float64, (NUM_FCTL,)),
+        "owner": (np.int16, (N,)), "contract": (np.int16, (N,)), "prefix": (np.int64, (N,)),
+        "klass": (np.int8, (N,)), "cached": (np.bool_, (N,)), "seq": (np.int32, (N,)),
+        "hits": (np.int32, (N,)),
+        "gprev": (np.int32, (N + 2 * NUM_GLOBAL_LISTS,)),
+        "gnxt": (np.int32, (N + 2 * NUM_GLOBAL_LISTS,)),
+        "gmember": (np.int8, (N,)), "glen": (np.int64, (NUM_GLOBAL_LISTS,)),
+        "qprev": (np.int32, (N + 2 * NUM_CLASSES * G,)),
+        "qnxt": (np.int32, (N + 2 * NUM_CLASSES * G,)), "qlen": (np.int64, (NUM_CLASSES * G,)),
+        "rho": (np.float64, (C,)), "beta": (np.float64, (C,)), "w": (np.float64, (C,)),
+        "bal": (np.float64, (G, C)), "t0": (np.float64, (G, C)), "charged": (np.int64, (G, C)),
+        "materialized": (np.int64, (G,)), "cls_count": (np.int64, (G, NUM_CLASSES)),
+        "granted": (np.int64, (G,)), "gated": (np.int64, (G,)), "in_debt": (np.int64, (G,)),
+        "evictions": (np.int64, (G, G + 1)), "evicted_class": (np.int64, (G + 1, NUM_CLASSES)),
+        "P": (np.float64, (G,)), "W": (np.float64, (G,)), "heap": (np.int32, (G,)),
+        "debtors": (np.int32, (G,)), "dpos": (np.int32, (G,)),
+        "hkey_g": (np.int16, (H,)), "hkey_p": (np.int64, (H,)),
+        "hprev": (np.int32, (H + 2,)), "hnxt": (np.int32, (H + 2,)),
+        "htab": (np.int32, (1 << hbits,)),
+    }
+    return [(name, *shapes[name]) for name in FIELDS]
+
+
+def history_bits(H: int) -> int:
+    """log2 of the history table's slots: the least power of two with ``H`` at load <= 3/4."""
+    bits = 2
+    while 3 * (1 << bits) < 4 * H:
+        bits += 1
+    return bits
+
+
+def history_bytes(H: int) -> int:
+    """Bytes of an admission history of ``H`` entries (keys, LRU links, hash index)."""
+    return H * (2 + 8) + (H + 2) * 4 * 2 + (1 << history_bits(H)) * 4
+
+
+@njit(cache=True, inline="always")
+def state(st):
+    """The :class:`State` views of packed buffer ``st`` (no allocation)."""
+    ctl = _field(st, 0, np.int64)
+    G = ctl[C_G]
+    C = ctl[C_C]
+    return State(
+        ctl, _field(st, 1, np.float64),
+        _field(st, 2, np.int16), _field(st, 3, np.int16), _field(st, 4, np.int64),
+        _field(st, 5, np.int8), _field(st, 6, np.bool_), _field(st, 7, np.int32),
+        _field(st, 8, np.int32),
+        _field(st, 9, np.int32), _field(st, 10, np.int32), _field(st, 11, np.int8),
+        _field(st, 12, np.int64), _field(st, 13, np.int32), _field(st, 14, np.int32),
+        _field(st, 15, np.int64),
+        _field(st, 16, np.float64), _field(st, 17, np.float64), _field(st, 18, np.float64),
+        _field(st, 19, np.float64).reshape((G, C)), _field(st, 20, np.float64).reshape((G, C)),
+        _field(st, 21, np.int64).reshape((G, C)), _field(st, 22, np.int64),
+        _field(st, 23, np.int64).reshape((G, NUM_CLASSES)), _field(st, 24, np.int64),
+        _field(st, 25, np.int64), _field(st, 26, np.int64),
+        _field(st, 27, np.int64).reshape((G, G + 1)),
+        _field(st, 28, np.int64).reshape((G + 1, NUM_CLASSES)),
+        _field(st, 29, np.float64), _field(st, 30, np.float64), _field(st, 31, np.int32),
+        _field(st, 32, np.int32), _field(st, 33, np.int32),
+        _field(st, 34, np.int16), _field(st, 35, np.int64), _field(st, 36, np.int32),
+        _field(st, 37, np.int32), _field(st, 38, np.int32))
+
 
 # ----------------------------------------------------------------------------- block metadata
 @njit(cache=True, inline="always")
-def _forget(b, cached, owner, contract, prefix, klass, hits):
+def _forget(s, b):
     """Block ``b`` holds no content any more: no owner, contract, prefix, class or reuse."""
-    cached[b] = False
-    owner[b] = -1
-    contract[b] = -1
-    prefix[b] = -1
-    klass[b] = PROBATIONARY
-    hits[b] = 0
+    s.cached[b] = False
+    s.owner[b] = -1
+    s.contract[b] = -1
+    s.prefix[b] = -1
+    s.klass[b] = PROBATIONARY
+    s.hits[b] = 0
+
+
+@njit(cache=True)
+def _renumber_seq(s):
+    """Restamp every free candidate ``0, 1, ...`` in the order of its class list and continue
+    at N. Stamps are only ever compared between blocks of one class list (the tie-break of
+    :func:`_better`, the invariant check), and every list is in stamp order, so every
+    comparison keeps its answer; the next stamps (>= N) are above all of them."""
+    N = s.ctl[C_N]
+    for k in range(NUM_CLASSES):
+        b = s.gnxt[N + 2 * k]
+        i = 0
+        while b < N:
+            s.seq[b] = i
+            i += 1
+            b = s.gnxt[b]
+    s.ctl[C_SEQ] = N
+
+
+@njit(cache=True, inline="always")
+def _next_seq(s):
+    """The next native-order stamp (renumbering all at :data:`SEQ_LIMIT`, once per ~2**31
+    releases, so int32 stamps never wrap)."""
+    if s.ctl[C_SEQ] >= SEQ_LIMIT:
+        _renumber_seq(s)
+    v = s.ctl[C_SEQ]
+    s.ctl[C_SEQ] = v + 1
+    return v
+
+
+# ----------------------------------------------------------------------------- group lists
+@njit(cache=True, inline="always")
+def _q_unlink(s, b):
+    """Remove free candidate ``b`` (owner >= 0) from its group list ``3·owner + klass``."""
+    p = s.qprev[b]
+    q = s.qnxt[b]
+    s.qnxt[p] = q
+    s.qprev[q] = p
+    s.qprev[b] = -1
+    s.qnxt[b] = -1
+    s.qlen[NUM_CLASSES * s.owner[b] + s.klass[b]] -= 1
+
+
+@njit(cache=True, inline="always")
+def _q_push_tail(s, lst, b):
+    """Append ``b`` at the tail of group list ``lst``."""
+    tail = s.ctl[C_N] + 2 * lst + 1
+    at = s.qprev[tail]
+    s.qprev[b] = at
+    s.qnxt[b] = tail
+    s.qnxt[at] = b
+    s.qprev[tail] = b
+    s.qlen[lst] += 1
 
 
 # ----------------------------------------------------------------------------- buckets and debt
@@ -69,7 +260,7 @@ def effective_balance(bal, t0, rho, beta, t):
     return v
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def group_debt(bal, t0, rho, beta, g, t):
     """Raw debt ``D_g(t) = Σ_c max(0, −B̂_{g,c}(t))`` in blocks."""
     d = 0.0
@@ -80,13 +271,15 @@ def group_debt(bal, t0, rho, beta, g, t):
     return d
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def group_normalized_debt(bal, t0, rho, beta, w, g, t):
     """``(D̃_g(t), W_g(t))``: ``Σ_c max(0, −B̂_{g,c}(t)) / w_c`` and the largest ``w_c`` over
     contracts with ``B̂_{g,c}(t) < 0`` (0.0 when g owes nothing)."""
     d = 0.0
     wmax = 0.0
     for c in range(bal.shape[1]):
+        if bal[g, c] >= 0.0:
+            continue  # B̂ = min(beta >= 0, B + (>= 0)) >= 0: no term (saves the arithmetic)
         x = -effective_balance(bal[g, c], t0[g, c], rho[c], beta[c], t)
         if x > 0.0:
             d += x / w[c]
@@ -95,69 +288,128 @@ def group_normalized_debt(bal, t0, rho, beta, w, g, t):
     return d, wmax
 
 
+@njit(cache=True, inline="always")
+def _add_debtor(s, g):
+    if s.dpos[g] < 0:
+        n = s.ctl[C_NUM_DEBTORS]
+        s.debtors[n] = g
+        s.dpos[g] = n
+        s.ctl[C_NUM_DEBTORS] = n + 1
+
+
+@njit(cache=True, inline="always")
+def _drop_debtor(s, g):
+    n = s.ctl[C_NUM_DEBTORS] - 1
+    i = s.dpos[g]
+    last = s.debtors[n]
+    s.debtors[i] = last
+    s.dpos[last] = i
+    s.dpos[g] = -1
+    s.ctl[C_NUM_DEBTORS] = n
+
+
 # ----------------------------------------------------------------------------- admission history
-@njit(cache=True)
-def _history_admit(hmap, hkey_g, hkey_p, hprev, hnxt, hused, g, pid):
-    """Record an admission of ``(g, pid)`` in the LRU set; True if it was not in the set."""
-    cap = hkey_g.shape[0]
-    head = cap
-    tail = cap + 1
-    key = (g, pid)
-    if key in hmap:
-        s = hmap[key]
-        p = hprev[s]
-        q = hnxt[s]
-        hnxt[p] = q
-        hprev[q] = p
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@njit(cache=True, inline="always")
+def _h_home(s, g, pid):
+    """Home slot of key ``(g, pid)`` (Fibonacci hashing of the two mixed)."""
+    k = (np.uint64(pid) ^ (np.uint64(g) * np.uint64(0xC2B2AE3D27D4EB4F))) * _GOLDEN
+    return np.int64(k >> np.uint64(64 - s.ctl[C_HBITS]))
+
+
+@njit(cache=True, inline="always")
+def _h_find(s, g, pid):
+    """Table slot holding ``(g, pid)``, or ``-1 - slot`` of the empty slot where it would go."""
+    mask = (1 << s.ctl[C_HBITS]) - 1
+    i = _h_home(s, g, pid)
+    while True:
+        e = s.htab[i] - 1
+        if e < 0:
+            return -1 - i
+        if s.hkey_p[e] == pid and s.hkey_g[e] == g:
+            return i
+        i = (i + 1) & mask
+
+
+@njit(cache=True, inline="always")
+def _h_delete(s, i):
+    """Empty table slot ``i`` (backward-shift deletion keeps probe chains whole)."""
+    mask = (1 << s.ctl[C_HBITS]) - 1
+    j = i
+    while True:
+        j = (j + 1) & mask
+        e = s.htab[j] - 1
+        if e < 0:
+            break
+        h = _h_home(s, s.hkey_g[e], s.hkey_p[e])
+        # move entry e back to i unless its home h lies cyclically in (i, j]
+        if (i <= j and (h <= i or h > j)) or (i > j and h <= i and h > j):
+            s.htab[i] = e + 1
+            i = j
+    s.htab[i] = 0
+
+
+@njit(cache=True, inline="always")
+def _history_admit(s, g, pid):
+    """Record an admission of ``(g, pid)`` in the LRU set; True if it was not in the set (when
+    full, the least recently admitted pair leaves first)."""
+    H = s.ctl[C_H]
+    head = H
+    tail = H + 1
+    i = _h_find(s, g, pid)
+    if i >= 0:
+        e = s.htab[i] - 1
+        p = s.hprev[e]
+        q = s.hnxt[e]
+        s.hnxt[p] = q
+        s.hprev[q] = p
         first = False
     else:
-        if hused[0] < cap:
-            s = hused[0]
-            hused[0] += 1
+        if s.ctl[C_HUSED] < H:
+            e = s.ctl[C_HUSED]
+            s.ctl[C_HUSED] = e + 1
         else:
-            s = hnxt[head]
-            p = hprev[s]
-            q = hnxt[s]
-            hnxt[p] = q
-            hprev[q] = p
-            del hmap[(hkey_g[s], hkey_p[s])]
-        hkey_g[s] = g
-        hkey_p[s] = pid
-        hmap[key] = s
+            e = s.hnxt[head]
+            p = s.hprev[e]
+            q = s.hnxt[e]
+            s.hnxt[p] = q
+            s.hprev[q] = p
+            _h_delete(s, _h_find(s, s.hkey_g[e], s.hkey_p[e]))
+            i = _h_find(s, g, pid)  # the deletion may have moved the empty slot
+        s.hkey_g[e] = g
+        s.hkey_p[e] = pid
+        s.htab[-1 - i] = e + 1
         first = True
-    last = hprev[tail]
-    hprev[s] = last
-    hnxt[s] = tail
-    hnxt[last] = s
-    hprev[tail] = s
+    last = s.hprev[tail]
+    s.hprev[e] = last
+    s.hnxt[e] = tail
+    s.hnxt[last] = e
+    s.hprev[tail] = e
     return first
 
 
 # ----------------------------------------------------------------------------- events
-@njit(cache=True)
-def materialize(blocks, g, c, pid, t, bal, t0, rho, beta, eps, segmentation, gmember,
-                hmap, hkey_g, hkey_p, hprev, hnxt, hused,
-                owner, contract, prefix, klass, cached, hits, last_access,
-                cls_count, charged, materialized):
-    """Charge one request's ``n_r = len(blocks)`` new full blocks to bucket (g, c) at ``t`` and
-    label the blocks (owner, contract, prefix, initial class). Returns ``(D_g(t) after the
-    charge in blocks, -1)``, or ``(0.0, i)`` without any change if ``blocks[i]`` is free or not
-    a block id (blocks must be in use)."""
+@njit(cache=True, inline="always")
+def _materialize(s, blocks, g, c, pid, t):
     n = blocks.shape[0]
-    num_blocks = owner.shape[0]
+    N = s.ctl[C_N]
     for i in range(n):
         b = blocks[i]
-        if b < 1 or b >= num_blocks or gmember[b] >= 0:
+        if b < 1 or b >= N or s.gmember[b] >= 0:
             return 0.0, i
     if n == 0:
-        return group_debt(bal, t0, rho, beta, g, t), -1
-    bal[g, c] = effective_balance(bal[g, c], t0[g, c], rho[c], beta[c], t) - n
-    t0[g, c] = t
-    charged[g, c] += n
-    first = _history_admit(hmap, hkey_g, hkey_p, hprev, hnxt, hused, g, pid)
-    if not segmentation:
+        return group_debt(s.bal, s.t0, s.rho, s.beta, g, t), -1
+    s.bal[g, c] = effective_balance(s.bal[g, c], s.t0[g, c], s.rho[c], s.beta[c], t) - n
+    s.t0[g, c] = t
+    s.charged[g, c] += n
+    if s.bal[g, c] < 0.0:
+        _add_debtor(s, g)
+    first = _history_admit(s, g, pid)
+    if s.ctl[C_SEGMENTATION] == 0:
         k = NORMAL
-    elif bal[g, c] < -eps:
+    elif s.bal[g, c] < -s.fctl[F_EPSILON]:
         k = PROBATIONARY
     elif first:
         k = PROBATIONARY
@@ -165,160 +417,209 @@ def materialize(blocks, g, c, pid, t, bal, t0, rho, beta, eps, segmentation, gme
         k = NORMAL
     for i in range(n):
         b = blocks[i]
-        if cached[b] and owner[b] >= 0:
-            cls_count[owner[b], klass[b]] -= 1
-        owner[b] = g
-        contract[b] = c
-        prefix[b] = pid
-        klass[b] = k
-        cached[b] = True
-        hits[b] = 0
-        last_access[b] = t
-        cls_count[g, k] += 1
-        materialized[g] += 1
-    return group_debt(bal, t0, rho, beta, g, t), -1
+        if s.cached[b] and s.owner[b] >= 0:
+            s.cls_count[s.owner[b], s.klass[b]] -= 1
+        s.owner[b] = g
+        s.contract[b] = c
+        s.prefix[b] = pid
+        s.klass[b] = k
+        s.cached[b] = True
+        s.hits[b] = 0
+        s.cls_count[g, k] += 1
+        s.materialized[g] += 1
+    return group_debt(s.bal, s.t0, s.rho, s.beta, g, t), -1
 
 
 @njit(cache=True)
-def hit(blocks, g, c, pid, t, bal, t0, rho, beta, eps, segmentation, debt_gate,
-        gprev, gnxt, gmember, glen, qprev, qnxt, qmember, qlen,
-        owner, contract, prefix, klass, cached, seq, seq_counter, hits, last_access,
-        cls_count, granted, gated, in_debt):
+def materialize(st, blocks, g, c, pid, t):
+    """Charge one request's ``n_r = len(blocks)`` new full blocks to bucket (g, c) at ``t`` and
+    label the blocks (owner, contract, prefix, initial class). Returns ``(D_g(t) after the
+    charge in blocks, -1)``, or ``(0.0, i)`` without any change if ``blocks[i]`` is free or not
+    a block id (blocks must be in use)."""
+    return _materialize(state(st), blocks, g, c, pid, t)
+
+
+@njit(cache=True, inline="always")
+def _hit(s, blocks, g, c, pid, t):
+    N = s.ctl[C_N]
+    debt = -1.0  # D_g(t), computed at the first promotion-eligible block (hits charge nothing)
+    eps = s.fctl[F_EPSILON]
+    segmentation = s.ctl[C_SEGMENTATION] != 0
+    for i in range(blocks.shape[0]):
+        b = blocks[i]
+        if not s.cached[b]:
+            continue
+        if s.hits[b] < HITS_LIMIT:
+            s.hits[b] += 1
+        k_old = s.klass[b]
+        k_new = k_old
+        o = s.owner[b]
+        if (segmentation and k_old != REUSE and o == g and s.contract[b] == c
+                and s.prefix[b] == pid):
+            if debt < 0.0:
+                debt = group_debt(s.bal, s.t0, s.rho, s.beta, g, t)
+            if s.ctl[C_DEBT_GATE] == 0 or debt <= eps:
+                k_new = REUSE
+                s.granted[g] += 1
+                if debt > eps:
+                    s.in_debt[g] += 1
+            else:
+                s.gated[g] += 1
+        if k_new != k_old and o >= 0:
+            s.cls_count[o, k_old] -= 1
+            s.cls_count[o, k_new] += 1
+        m = s.gmember[b]
+        if m >= 0 and m < NUM_CLASSES:
+            _unlink1(s.gprev, s.gnxt, s.gmember, s.glen, b)
+            if o >= 0:
+                _q_unlink(s, b)
+            s.klass[b] = k_new
+            s.seq[b] = _next_seq(s)
+            _push_tail1(s.gprev, s.gnxt, s.gmember, s.glen, N, k_new, b)
+            if o >= 0:
+                _q_push_tail(s, NUM_CLASSES * o + k_new, b)
+        else:
+            s.klass[b] = k_new
+
+
+@njit(cache=True)
+def hit(st, blocks, g, c, pid, t):
     """Reuse of cached ``blocks`` by a request (g, c, pid) at ``t``: reuse evidence for each,
     promotion of eligible ones behind the debt gate. A hit block that is a free candidate moves
     to the most recent end of its (possibly new) class lists. Returns ``D_g(t)`` (blocks)."""
-    num_blocks = owner.shape[0]
-    debt = group_debt(bal, t0, rho, beta, g, t)
-    gate_open = (not debt_gate) or debt <= eps
-    for i in range(blocks.shape[0]):
-        b = blocks[i]
-        if not cached[b]:
-            continue
-        hits[b] += 1
-        last_access[b] = t
-        k_old = klass[b]
-        k_new = k_old
-        if (segmentation and k_old != REUSE and owner[b] == g and contract[b] == c
-                and prefix[b] == pid):
-            if gate_open:
-                k_new = REUSE
-                granted[g] += 1
-                if debt > eps:
-                    in_debt[g] += 1
-            else:
-                gated[g] += 1
-        o = owner[b]
-        if k_new != k_old and o >= 0:
-            cls_count[o, k_old] -= 1
-            cls_count[o, k_new] += 1
-        if gmember[b] >= 0 and gmember[b] < NUM_CLASSES:
-            _unlink1(gprev, gnxt, gmember, glen, b)
-            if o >= 0:
-                _unlink1(qprev, qnxt, qmember, qlen, b)
-            klass[b] = k_new
-            seq[b] = seq_counter[0]
-            seq_counter[0] += 1
-            _push_tail1(gprev, gnxt, gmember, glen, num_blocks, k_new, b)
-            if o >= 0:
-                _push_tail1(qprev, qnxt, qmember, qlen, num_blocks, NUM_CLASSES * o + k_new, b)
-        else:
-            klass[b] = k_new
-    return debt
+    s = state(st)
+    _hit(s, blocks, g, c, pid, t)
+    return group_debt(s.bal, s.t0, s.rho, s.beta, g, t)
 
 
-@njit(cache=True)
-def release(blocks, cached_mask, truly_free_to_head, segmentation,
-            gprev, gnxt, gmember, glen, qprev, qnxt, qmember, qlen,
-            owner, contract, prefix, klass, cached, seq, seq_counter, hits, cls_count):
-    """``blocks`` reached ref_cnt 0, in vLLM's free order. Cached ones join the tail of their
-    class lists (native order); the others lose any metadata and join the truly-free list: at its
-    head in the given order if ``truly_free_to_head`` (vLLM "current"), else at its tail.
-    Returns -1, or the index i of the first block that is already free or not a block id (the
-    blocks before it were released, the rest not)."""
-    num_blocks = owner.shape[0]
-    anchor = num_blocks + 2 * TRULY_FREE
+@njit(cache=True, inline="always")
+def _release(s, blocks, cached_mask):
+    N = s.ctl[C_N]
+    anchor = N + 2 * TRULY_FREE
+    to_head = s.ctl[C_TF_TO_HEAD] != 0
     for i in range(blocks.shape[0]):
         b = blocks[i]
-        if b < 1 or b >= num_blocks or gmember[b] >= 0:
+        if b < 1 or b >= N or s.gmember[b] >= 0:
             return i
-        seq[b] = seq_counter[0]
-        seq_counter[0] += 1
+        s.seq[b] = _next_seq(s)
         if cached_mask[i]:
-            if not cached[b]:
+            if not s.cached[b]:
                 # a hashed block the policy never saw materialized: no owner, no evidence
-                cached[b] = True
-                owner[b] = -1
-                contract[b] = -1
-                prefix[b] = -1
-                klass[b] = PROBATIONARY if segmentation else NORMAL
-                hits[b] = 0
-            k = klass[b]
-            _push_tail1(gprev, gnxt, gmember, glen, num_blocks, k, b)
-            if owner[b] >= 0:
-                _push_tail1(qprev, qnxt, qmember, qlen, num_blocks, NUM_CLASSES * owner[b] + k, b)
+                s.cached[b] = True
+                s.owner[b] = -1
+                s.contract[b] = -1
+                s.prefix[b] = -1
+                s.klass[b] = PROBATIONARY if s.ctl[C_SEGMENTATION] != 0 else NORMAL
+                s.hits[b] = 0
+            k = s.klass[b]
+            _push_tail1(s.gprev, s.gnxt, s.gmember, s.glen, N, k, b)
+            if s.owner[b] >= 0:
+                _q_push_tail(s, NUM_CLASSES * s.owner[b] + k, b)
         else:
-            if cached[b] and owner[b] >= 0:
-                cls_count[owner[b], klass[b]] -= 1
-            _forget(b, cached, owner, contract, prefix, klass, hits)
-            if truly_free_to_head:
-                _insert_after(gprev, gnxt, gmember, glen, anchor, TRULY_FREE, b)
+            if s.cached[b] and s.owner[b] >= 0:
+                s.cls_count[s.owner[b], s.klass[b]] -= 1
+            _forget(s, b)
+            if to_head:
+                _insert_after(s.gprev, s.gnxt, s.gmember, s.glen, anchor, TRULY_FREE, b)
                 anchor = b
             else:
-                _push_tail1(gprev, gnxt, gmember, glen, num_blocks, TRULY_FREE, b)
+                _push_tail1(s.gprev, s.gnxt, s.gmember, s.glen, N, TRULY_FREE, b)
     return -1
 
 
 @njit(cache=True)
-def acquire(blocks, gprev, gnxt, gmember, glen, qprev, qnxt, qmember, qlen):
-    """Free cached ``blocks`` taken back into use by a hit leave every list. Returns -1, or the
-    index i of the first block that is not a free cached candidate (those before it left)."""
-    num_blocks = gmember.shape[0]
+def release(st, blocks, cached_mask):
+    """``blocks`` reached ref_cnt 0, in vLLM's free order. Cached ones join the tail of their
+    class lists (native order); the others lose any metadata and join the truly-free list: at its
+    head in the given order in vLLM "current" mode, else at its tail. Returns -1, or the index i
+    of the first block that is already free or not a block id (the blocks before it were
+    released, the rest not)."""
+    return _release(state(st), blocks, cached_mask)
+
+
+@njit(cache=True, inline="always")
+def _acquire(s, blocks):
+    N = s.ctl[C_N]
     for i in range(blocks.shape[0]):
         b = blocks[i]
-        if b < 1 or b >= num_blocks or gmember[b] < 0 or gmember[b] >= NUM_CLASSES:
+        if b < 1 or b >= N or s.gmember[b] < 0 or s.gmember[b] >= NUM_CLASSES:
             return i
-        _unlink1(gprev, gnxt, gmember, glen, b)
-        if qmember[b] >= 0:
-            _unlink1(qprev, qnxt, qmember, qlen, b)
+        _unlink1(s.gprev, s.gnxt, s.gmember, s.glen, b)
+        if s.owner[b] >= 0:
+            _q_unlink(s, b)
     return -1
+
+
+@njit(cache=True)
+def acquire(st, blocks):
+    """Free cached ``blocks`` taken back into use by a hit leave every list. Returns -1, or the
+    index i of the first block that is not a free cached candidate (those before it left)."""
+    return _acquire(state(st), blocks)
 
 
 # ----------------------------------------------------------------------------- selection
 @njit(cache=True, inline="always")
-def _group_best(qnxt, qlen, num_blocks, g):
+def _group_best(s, g):
     """(class, block) of group g's first candidate: head of its lowest non-empty class list."""
+    N = s.ctl[C_N]
     for k in range(NUM_CLASSES):
         lst = NUM_CLASSES * g + k
-        if qlen[lst] > 0:
-            return k, qnxt[num_blocks + 2 * lst]
+        if s.qlen[lst] > 0:
+            return k, s.qnxt[N + 2 * lst]
     return -1, -1
 
 
-@njit(cache=True)
-def _better(a, b, P, qnxt, qlen, seq, num_blocks):
-    """Group a goes before group b: larger P; ties: lower best class, then older best block."""
+@njit(cache=True, inline="always")
+def _better(s, a, b):
+    """Group a goes before group b: larger P; ties: lower best class, then older best block.
+    A strict total order over groups with candidates (best blocks differ and stamps within a
+    class list are distinct), so the heap's pops do not depend on its insertion order."""
+    if s.P[a] > s.P[b]:
+        return True
+    if s.P[a] < s.P[b]:
+        return False
+    ka, ba = _group_best(s, a)
+    kb, bb = _group_best(s, b)
+    if ka != kb:
+        return ka < kb
+    return s.seq[ba] < s.seq[bb]
+
+
+@njit(cache=True, inline="always")
+def _better_in(P, qlen, qnxt, seq, N, a, b):
+    """:func:`_better` over the arrays it reads (for :func:`_sift_down`)."""
     if P[a] > P[b]:
         return True
     if P[a] < P[b]:
         return False
-    ka, ba = _group_best(qnxt, qlen, num_blocks, a)
-    kb, bb = _group_best(qnxt, qlen, num_blocks, b)
+    ka = kb = -1
+    ba = bb = -1
+    for k in range(NUM_CLASSES):
+        if qlen[NUM_CLASSES * a + k] > 0:
+            ka, ba = k, qnxt[N + 2 * (NUM_CLASSES * a + k)]
+            break
+    for k in range(NUM_CLASSES):
+        if qlen[NUM_CLASSES * b + k] > 0:
+            kb, bb = k, qnxt[N + 2 * (NUM_CLASSES * b + k)]
+            break
     if ka != kb:
         return ka < kb
     return seq[ba] < seq[bb]
 
 
 @njit(cache=True)
-def _sift_down(heap, size, i, P, qnxt, qlen, seq, num_blocks):
+def _sift_down(heap, size, i, P, qlen, qnxt, seq, N):
+    """Restore the heap below ``i`` (a separate function taking only what it reads: inlined
+    into the selection kernel its code slowed the common path without a heap)."""
     while True:
         left = 2 * i + 1
         if left >= size:
             return
         best = left
         right = left + 1
-        if right < size and _better(heap[right], heap[left], P, qnxt, qlen, seq, num_blocks):
+        if right < size and _better_in(P, qlen, qnxt, seq, N, heap[right], heap[left]):
             best = right
-        if _better(heap[best], heap[i], P, qnxt, qlen, seq, num_blocks):
+        if _better_in(P, qlen, qnxt, seq, N, heap[best], heap[i]):
             tmp = heap[i]
             heap[i] = heap[best]
             heap[best] = tmp
@@ -327,79 +628,227 @@ def _sift_down(heap, size, i, P, qnxt, qlen, seq, num_blocks):
             return
 
 
+@njit(cache=True, inline="always")
+def _has_candidates(s, g):
+    base = NUM_CLASSES * g
+    return s.qlen[base] + s.qlen[base + 1] + s.qlen[base + 2] > 0
+
+
+@njit(cache=True, inline="always")
+def _select(s, n, t, requester, out, off):
+    N = s.ctl[C_N]
+    G = s.ctl[C_G]
+    if G == 0:
+        return -3
+    if requester < 0 or requester >= G:
+        return -2
+    if t > s.fctl[F_CLOCK]:
+        s.fctl[F_CLOCK] = t
+    glen = s.glen
+    if n < 0 or n > glen[0] + glen[1] + glen[2] + glen[3]:
+        return -1
+    eps = s.fctl[F_EPSILON]
+    tf_head = N + 2 * TRULY_FREE
+    k0 = 0
+    while k0 < n and glen[TRULY_FREE] > 0:
+        b = s.gnxt[tf_head]
+        _unlink1(s.gprev, s.gnxt, s.gmember, glen, b)
+        out[off + k0] = b
+        k0 += 1
+    if k0 == n:
+        return k0
+    size = 0
+    if s.ctl[C_RESPONSIBILITY] != 0:
+        if t >= s.fctl[F_PRUNE_CLOCK]:
+            # only debtors can owe at t (module docstring); a debtor seen cleared is dropped
+            for i in range(s.ctl[C_NUM_DEBTORS] - 1, -1, -1):
+                g = s.debtors[i]
+                p, wmax = group_normalized_debt(s.bal, s.t0, s.rho, s.beta, s.w, g, t)
+                if wmax == 0.0:
+                    _drop_debtor(s, g)
+                    s.fctl[F_PRUNE_CLOCK] = t
+                    continue
+                s.P[g] = p
+                s.W[g] = wmax
+                if p > eps and _has_candidates(s, g):
+                    s.heap[size] = g
+                    size += 1
+        else:  # the clock stepped back behind a drop: every group, as the spec reads
+            for g in range(G):
+                if not _has_candidates(s, g):
+                    continue
+                p, wmax = group_normalized_debt(s.bal, s.t0, s.rho, s.beta, s.w, g, t)
+                s.P[g] = p
+                s.W[g] = wmax
+                if p > eps:
+                    s.heap[size] = g
+                    size += 1
+        if n - k0 == 1:
+            # one reclamation: the heap's first pop is the unique best group; find it directly
+            best = 0
+            for i in range(1, size):
+                if _better(s, s.heap[i], s.heap[best]):
+                    best = i
+            if size > 0:
+                s.heap[0] = s.heap[best]
+        else:
+            for i in range(size // 2 - 1, -1, -1):
+                _sift_down(s.heap, size, i, s.P, s.qlen, s.qnxt, s.seq, N)
+    for j in range(k0, n):
+        if size > 0:
+            gs = s.heap[0]
+            _k, b = _group_best(s, gs)
+            _q_unlink(s, b)
+            _unlink1(s.gprev, s.gnxt, s.gmember, glen, b)
+            s.P[gs] -= 1.0 / s.W[gs]
+            if not _has_candidates(s, gs) or not s.P[gs] > eps:
+                size -= 1
+                s.heap[0] = s.heap[size]
+            if size > 1 and j + 1 < n:
+                _sift_down(s.heap, size, 0, s.P, s.qlen, s.qnxt, s.seq, N)
+        else:
+            b = -1
+            for k in range(NUM_CLASSES):
+                if glen[k] > 0:
+                    b = s.gnxt[N + 2 * k]
+                    break
+            _unlink1(s.gprev, s.gnxt, s.gmember, glen, b)
+            if s.owner[b] >= 0:
+                _q_unlink(s, b)
+        o = s.owner[b]
+        if o >= 0:
+            s.cls_count[o, s.klass[b]] -= 1
+            s.evictions[requester, o] += 1
+            s.evicted_class[o, s.klass[b]] += 1
+        else:
+            s.evictions[requester, G] += 1
+            s.evicted_class[G, s.klass[b]] += 1
+        _forget(s, b)
+        out[off + j] = b
+    return k0
+
+
 @njit(cache=True)
-def select(n, t, requester, out, bal, t0, rho, beta, w, eps, responsibility,
-           gprev, gnxt, gmember, glen, qprev, qnxt, qmember, qlen,
-           owner, contract, prefix, klass, cached, seq, hits, cls_count, evictions,
-           evicted_class, P, W, heap):
-    """Take ``n`` free blocks into ``out`` (caller guarantees ``n`` ≤ free blocks).
+def select(st, n, t, requester, out, off):
+    """Take ``n`` free blocks into ``out[off:off + n]``.
 
     Truly free blocks first (work conservation); then reclamation by projected debt:
     ``P_g = D̃_g(t)`` for every group owning a candidate; while some such group has
     ``P_g > eps``, the one with the largest ``P_g`` (ties: lowest best class, then oldest best
     block) gives its first candidate (class order, then native order) and ``P_g -= 1 / W_g(t)``;
     otherwise the first candidate globally (class, then native order). A binary heap over the
-    indebted groups makes each victim O(log G). Each reclaimed cached block is evicted: its
-    metadata is dropped and ``evictions[requester, owner]`` (column G = unknown owner) and
+    indebted groups makes each victim O(log G); only debtors are scored (module docstring).
+    Each reclaimed cached block is evicted: its metadata is dropped and
+    ``evictions[requester, owner]`` (column G = unknown owner) and
     ``evicted_class[owner, class]`` (row G = unknown owner) counted.
-    Returns the number of truly free blocks handed out (the rest were evictions)."""
-    num_blocks = owner.shape[0]
-    G = bal.shape[0]
-    tf_head = num_blocks + 2 * TRULY_FREE
-    k0 = 0
-    while k0 < n and glen[TRULY_FREE] > 0:
-        b = gnxt[tf_head]
-        _unlink1(gprev, gnxt, gmember, glen, b)
-        out[k0] = b
-        k0 += 1
-    if k0 == n:
-        return k0
-    size = 0
-    if responsibility:
-        for g in range(G):
-            P[g] = 0.0
-            W[g] = 0.0
-            base = NUM_CLASSES * g
-            if qlen[base] + qlen[base + 1] + qlen[base + 2] == 0:
-                continue
-            p, wmax = group_normalized_debt(bal, t0, rho, beta, w, g, t)
-            P[g] = p
-            W[g] = wmax
-            if p > eps:
-                heap[size] = g
-                size += 1
-        for i in range(size // 2 - 1, -1, -1):
-            _sift_down(heap, size, i, P, qnxt, qlen, seq, num_blocks)
-    for j in range(k0, n):
-        if size > 0:
-            gs = heap[0]
-            _k, b = _group_best(qnxt, qlen, num_blocks, gs)
-            _unlink1(qprev, qnxt, qmember, qlen, b)
-            _unlink1(gprev, gnxt, gmember, glen, b)
-            P[gs] -= 1.0 / W[gs]
-            base = NUM_CLASSES * gs
-            if qlen[base] + qlen[base + 1] + qlen[base + 2] == 0 or not P[gs] > eps:
-                size -= 1
-                heap[0] = heap[size]
-            if size > 1:
-                _sift_down(heap, size, 0, P, qnxt, qlen, seq, num_blocks)
-        else:
-            b = -1
-            for k in range(NUM_CLASSES):
-                if glen[k] > 0:
-                    b = gnxt[num_blocks + 2 * k]
-                    break
-            _unlink1(gprev, gnxt, gmember, glen, b)
-            if qmember[b] >= 0:
-                _unlink1(qprev, qnxt, qmember, qlen, b)
-        o = owner[b]
-        if o >= 0:
-            cls_count[o, klass[b]] -= 1
-            evictions[requester, o] += 1
-            evicted_class[o, klass[b]] += 1
-        else:
-            evictions[requester, G] += 1
-            evicted_class[G, klass[b]] += 1
-        _forget(b, cached, owner, contract, prefix, klass, hits)
-        out[j] = b
-    return k0
+    Returns the number of truly free blocks handed out (the rest were evictions), or without
+    any change -1 if fewer than ``n`` blocks are free, -2 if ``requester`` is not a group id,
+    -3 if no groups are bound."""
+    return _select(state(st), n, t, requester, out, off)
+
+
+@njit(cache=True)
+def select_at(st_addr, st_bytes, n, t, requester, out_addr, off):
+    """:func:`select` on the packed buffer of ``st_bytes`` bytes at address ``st_addr``, writing
+    into the int32 array at ``out_addr`` (the policy's fast path: scalar arguments only; the
+    caller keeps both arrays alive and ``out`` at least ``off + n`` long)."""
+    st = _at_address(st_addr, st_bytes, np.uint8)
+    out = _at_address(out_addr, off + n, np.int32)
+    return _select(state(st), n, t, requester, out, off)
+
+
+# ----------------------------------------------------------------------------- key-stream replay
+@njit(cache=True, inline="always")
+def _debt_log_append(log_t, log_g, log_d, log_cls, meta, max_samples, t, g, d, cls_count):
+    """:meth:`prefixshield.policies.prefixshield.DebtLog.append`, on its arrays (``meta`` =
+    size, stride, charges counted; the arrays hold ``min(max_samples, size + appends to come)``
+    rows, so "full" means ``max_samples`` as in the Python method)."""
+    i = meta[2]
+    meta[2] = i + 1
+    if max_samples == 0 or i % meta[1]:
+        return
+    size = meta[0]
+    if size == max_samples:
+        keep = (size + 1) // 2
+        for k in range(keep):
+            log_t[k] = log_t[2 * k]
+            log_g[k] = log_g[2 * k]
+            log_d[k] = log_d[2 * k]
+            log_cls[k, :] = log_cls[2 * k, :]
+        size = keep
+        meta[1] *= 2
+        if i % meta[1]:
+            meta[0] = size
+            return
+    log_t[size] = t
+    log_g[size] = g
+    log_d[size] = d
+    G = cls_count.shape[0]
+    for gg in range(G):
+        for k in range(NUM_CLASSES):
+            log_cls[size, NUM_CLASSES * gg + k] = cls_count[gg, k]
+    meta[0] = size + 1
+
+
+@njit(cache=True)
+def replay_keys(st, keys, groups, contract, hits, block_of, key_of, bk, bv, bbits, log_t, log_g,
+                log_d, log_cls, log_meta, max_samples):
+    """The pure cache driver's loop (:func:`prefixshield.simulator.cachedriver.replay_keys`)
+    for PrefixShield in one kernel: request i (clock ``i`` s) of group ``groups[i]`` under
+    ``contract`` with prefix_id = content key ``keys[i]``; a hit is ``on_hit, on_acquire,
+    on_release(cached)`` of the key's block, a miss ``select_victims(1)``, ``on_materialize``
+    (with its debt-log sample), ``on_release(cached)`` -- the policy's own event code, inlined.
+    ``block_of`` (typed Dict key -> block) and ``key_of`` (int64 per block, -1: none) are
+    read and written back; in between the key -> block map is the array hash table
+    ``bk``/``bv`` (``2**bbits`` slots, ``bk`` filled with -1; keys >= 0). Returns -1, or the
+    index of the request at which an event was illegal (the policy method would raise)."""
+    s = state(st)
+    N = s.ctl[C_N]
+    bshift = np.uint64(64 - bbits)
+    bmask = (1 << bbits) - 1
+    for kk, b in block_of.items():
+        _ht_insert(bk, bv, kk, b, bshift, bmask)
+    bad = _replay(s, keys, groups, contract, hits, key_of, bk, bv, bshift, bmask, log_t, log_g,
+                  log_d, log_cls, log_meta, max_samples)
+    block_of.clear()
+    for b in range(N):
+        if key_of[b] >= 0:
+            block_of[key_of[b]] = np.int32(b)
+    return bad
+
+
+@njit(cache=True, inline="always")
+def _replay(s, keys, groups, contract, hits, key_of, bk, bv, bshift, bmask, log_t, log_g, log_d,
+            log_cls, log_meta, max_samples):
+    one = np.empty(1, dtype=np.int32)
+    yes = np.ones(1, dtype=np.bool_)
+    for i in range(keys.shape[0]):
+        kk = keys[i]
+        g = groups[i]
+        t = float(i)
+        if t > s.fctl[F_CLOCK]:
+            s.fctl[F_CLOCK] = t
+        j = _ht_find(bk, kk, bshift, bmask)
+        if j >= 0:
+            hits[i] = True
+            one[0] = bv[j]
+            _hit(s, one, g, contract, kk, t)
+            if _acquire(s, one) >= 0 or _release(s, one, yes) >= 0:
+                return i
+            continue
+        if _select(s, 1, t, g, one, 0) < 0:
+            return i
+        b = one[0]
+        old = key_of[b]
+        if old >= 0:
+            _ht_delete(bk, bv, _ht_find(bk, old, bshift, bmask), bshift, bmask)
+        key_of[b] = kk
+        _ht_insert(bk, bv, kk, b, bshift, bmask)
+        d, bad = _materialize(s, one, g, contract, kk, t)
+        if bad >= 0:
+            return i
+        _debt_log_append(log_t, log_g, log_d, log_cls, log_meta, max_samples, t, g, d,
+                         s.cls_count)
+        if _release(s, one, yes) >= 0:
+            return i
+    return -1

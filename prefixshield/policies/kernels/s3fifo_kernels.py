@@ -11,7 +11,7 @@ State layout (struct of arrays, all indexed by block id):
 * ``cnt`` (int64): counters, indexed by the ``C_*`` constants below (``cnt[SMALL]`` and
   ``cnt[MAIN]`` are the numbers of pinned blocks in each queue);
 * ``params`` (int64): the ``P_*`` constants below;
-* the ghost FIFO: ``gkeys`` (uint64 ring of capacity ``2 * (ghost_size + num_blocks) + 2``),
+* the ghost FIFO: ``gkeys`` (uint64 ring of capacity ``ghost_size + 2 * num_blocks + 2``),
   ``gpos`` (absolute head/tail positions) and ``gmap`` (typed Dict key -> absolute position of
   its live entry). A ring entry is live iff ``gmap[key] == position``; removals leave stale
   entries that are skipped when trimming and dropped by an amortized O(1) compaction when the
