@@ -9,7 +9,8 @@ Sections (one module each, in the order they run):
 * :mod:`~prefixshield.bench.selector`: victim-selection latency vs LRU's call;
 * :mod:`~prefixshield.bench.state`: policy-state bytes per block vs LRU;
 * :mod:`~prefixshield.bench.pool`: the simulator's block pool vs vLLM's ``KVCacheManager``;
-* :mod:`~prefixshield.bench.plugin`: the vLLM plugin vs native vLLM per operation.
+* :mod:`~prefixshield.bench.plugin`: the vLLM plugin vs native vLLM per operation;
+* :mod:`~prefixshield.bench.scale`: engine time per request and pool memory per block, by size.
 
 Each section exposes ``steps(quick) -> int`` (progress steps it announces) and
 ``run(quick, tick) -> SectionResult``. Absolute times are printed and written, never asserted.
@@ -26,7 +27,8 @@ from typing import Any, Callable, Sequence
 
 from prefixshield.bench.common import SectionResult
 
-SECTION_NAMES = ("engine", "startup", "keystream", "selector", "state", "pool", "plugin")
+SECTION_NAMES = ("engine", "startup", "keystream", "selector", "state", "pool", "plugin",
+                 "scale")
 """Every section, in run order (module names under :mod:`prefixshield.bench`)."""
 
 

@@ -67,6 +67,8 @@ mapped to small ints in order of first appearance (named groups first keep their
 contract = ``sampling_params.extra_args["prefixshield_contract"]`` (default ``"standard"`` if
 configured, else the first contract); prefix_id = ``extra_args["prefixshield_prefix_id"]``
 (default: the first block's hash key masked to 63 bits, or 0 for a prompt shorter than a block).
+They are looked up once per request and pool, and kept on the request (attribute
+``_prefixshield_meta``, see :data:`_META_ATTR`).
 
 Groups are discovered while the engine runs, but :meth:`Policy.bind_tenants` must be called once,
 before any block is allocated, and several policies size per-group state there (StaticQuota's
@@ -112,7 +114,7 @@ import vllm.v1.core.sched.scheduler as _scheduler_module
 from vllm.v1.core.block_pool import BlockPool as _VllmBlockPool
 from vllm.v1.core.kv_cache_manager import KVCacheManager as _VllmKVCacheManager
 
-from prefixshield.policies import POLICIES, make_policy
+from prefixshield.policies import POLICIES, Policy, make_policy
 from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
 from prefixshield.validate.vllm_workarounds import guard_llvmlite_for_vllm
 
@@ -139,6 +141,18 @@ EXTRA_PREFIX_ID = "prefixshield_prefix_id"
 TESTED_VLLM_VERSIONS = ("0.32.0",)
 DEFAULT_MAX_GROUPS = 16
 _PLACEHOLDER = "<slot {}>"
+
+_META_ATTR = "_prefixshield_meta"
+"""Attribute a pool sets on each vLLM ``Request`` it serves, so that a request's ids are looked up
+once, not on every pool call: ``[tenant table, group, (contract, prefix_id) or None]``. It is
+valid only for the pool whose :class:`TenantTable` it names (a rebuilt policy, or another pool,
+looks the request up again)."""
+
+_BASE_HOOKS = {"available": Policy.available, "on_hit": Policy.on_hit,
+               "on_materialize": Policy.on_materialize}
+"""Policy methods whose base version the pool need not call (``available`` returns
+``num_free()``; the two hooks do nothing)."""
+_monotonic = time.monotonic
 
 
 class PluginError(RuntimeError):
@@ -381,9 +395,20 @@ class PolicyBlockPool(_VllmBlockPool):
         config: the :class:`PluginConfig` in force, or None.
         tenants: the :class:`TenantTable` of group slots.
         owner: int32 per block: group that last took the block with ``get_new_blocks``
-            (the creator of its cached content); -1 if none.
-        evictions: int64 ``[requesting group, owner group]``: cached blocks reclaimed.
+            (the creator of its cached content); -1 if none. A snapshot (read-only use).
+        evictions: int64 ``[requesting group, owner group]``: cached blocks reclaimed; the
+            last column counts blocks without a known owner. A snapshot (read-only use).
         num_victims: blocks handed out by ``select_victims`` (cached or truly free).
+
+    Cost: the four hot calls (``get_new_blocks``, ``touch``, ``free_blocks``,
+    ``cache_full_blocks``) add to vLLM's own work one policy call per hook (a numba kernel),
+    the int32/bool arrays it takes, and no per-block numpy operation: vLLM hands over one to a
+    few blocks per call, where one numpy call (~1 us here) costs more than a Python step per
+    block (~0.05 us). So the owner and eviction counters are Python lists (``owner`` and
+    ``evictions`` build the arrays when read), ``free_blocks`` and ``touch`` do vLLM's steps and
+    ours in one loop, a request's ids are looked up once (:data:`_META_ATTR`), and a hook the
+    policy leaves as the base no-op (LRU's ``on_hit``/``on_materialize``; ``available`` =
+    ``num_free``) is not called at all. ``prefixshield bench --section plugin`` measures it.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -412,17 +437,32 @@ class PolicyBlockPool(_VllmBlockPool):
         self._default_contract = 0 if "standard" not in self._contract_ids \
             else self._contract_ids["standard"]
         G = cfg.max_groups
-        self.owner = np.full(self.num_gpu_blocks, -1, dtype=np.int32)
-        self.evictions = np.zeros((G, G + 1), dtype=np.int64)
+        self._owner: list[int] = [-1] * self.num_gpu_blocks
+        self._evictions: list[list[int]] = [[0] * (G + 1) for _ in range(G)]
         self.num_victims = 0
         self.num_calls = 0
-        self._t0 = time.monotonic()
+        self._t0 = _monotonic()
         self.policy = policy
         self.config = cfg
         self._check = cfg.check_invariants
+        # NOTE: which base hooks the policy's class keeps; an instance attribute of the same
+        # name (a test's patch) is still seen, each call checks ``policy.__dict__``
+        self._base_available, self._base_on_hit, self._base_on_materialize = (
+            getattr(type(policy), name) is base for name, base in _BASE_HOOKS.items())
         logger.info("prefixshield: policy %s drives BlockPool(%d blocks), %d group slots",
                     cfg.policy, self.num_gpu_blocks, G)
         self._verify("install")
+
+    @property
+    def owner(self) -> np.ndarray:
+        """int32 per block: the group that last took it with ``get_new_blocks``, or -1."""
+        return np.asarray(self._owner, dtype=np.int32)
+
+    @property
+    def evictions(self) -> np.ndarray:
+        """int64 ``[requesting group, owner group (last column: unknown)]``: cached blocks
+        reclaimed."""
+        return np.asarray(self._evictions, dtype=np.int64)
 
     def install_policy(self, cfg: PluginConfig | None) -> None:
         """Replace the policy (or go native with None); every block must be free.
@@ -442,7 +482,7 @@ class PolicyBlockPool(_VllmBlockPool):
     def now(self) -> float:
         """Seconds on the policy's accounting clock (monotonic wall clock since the policy was
         built)."""
-        return time.monotonic() - self._t0
+        return _monotonic() - self._t0
 
     @contextmanager
     def serving(self, request):
@@ -462,28 +502,70 @@ class PolicyBlockPool(_VllmBlockPool):
         return gid
 
     def _group(self, request) -> int:
-        return self._group_of_salt(getattr(request, "cache_salt", None))
+        meta = getattr(request, _META_ATTR, None)
+        if meta is not None and meta[0] is self.tenants:
+            return meta[1]
+        g = self._group_of_salt(getattr(request, "cache_salt", None))
+        try:
+            # the salt and extra_args of a request never change, nor a group id while this
+            # table lives; (contract, prefix_id) is memoized once it resolves without an error
+            # (an unknown contract is raised where it always was: by request_meta)
+            setattr(request, _META_ATTR, [self.tenants, g, self._contract_prefix(request, False)])
+        except (AttributeError, TypeError):  # an object without attributes: no memo
+            pass
+        return g
 
-    def request_meta(self, request) -> tuple[int, int, int]:
-        """(group, contract, prefix_id) ids of a vLLM ``Request`` (see the module docstring)."""
-        g = self._group(request)
+    def _contract_prefix(self, request, strict: bool) -> tuple[int, int] | None:
+        """(contract, prefix_id) of ``request``; None where it is not final yet (no explicit
+        prefix id and no full block yet: the id is 0 until the first block is hashed) or, when
+        not ``strict``, where the contract is unknown (``strict`` raises :class:`PluginError`)."""
+        cp, final = self._resolve_contract_prefix(request, strict)
+        return cp if final else None
+
+    def _resolve_contract_prefix(self, request, strict: bool):
         sp = getattr(request, "sampling_params", None)
         extra = (getattr(sp, "extra_args", None) if sp is not None else None) or {}
         cname = extra.get(EXTRA_CONTRACT)
         if cname is None:
             c = self._default_contract
         else:
-            try:
-                c = self._contract_ids[cname]
-            except KeyError:
+            c = self._contract_ids.get(cname)
+            if c is None:
+                if not strict:
+                    return None, False
                 raise PluginError(f"request {request.request_id}: contract {cname!r} is not "
                                   f"configured ({', '.join(self._contract_ids)}); set "
-                                  f"{ENV_CONTRACTS}") from None
+                                  f"{ENV_CONTRACTS}")
         p = extra.get(EXTRA_PREFIX_ID)
-        if p is None:
-            hashes = getattr(request, "block_hashes", None)
-            p = (hash_key(hashes[0]) & 0x7FFFFFFFFFFFFFFF) if hashes else 0
-        return g, c, int(p)
+        if p is not None:
+            return (c, int(p)), True
+        hashes = getattr(request, "block_hashes", None)
+        if not hashes:
+            return (c, 0), False
+        # the first block's hash never changes once it exists
+        return (c, hash_key(hashes[0]) & 0x7FFFFFFFFFFFFFFF), True
+
+    def _resolved(self, request) -> bool:
+        """Whether ``request_meta(request)`` would only read the memo (no lookup, no error)."""
+        meta = getattr(request, _META_ATTR, None)
+        return meta is not None and meta[0] is self.tenants and meta[2] is not None
+
+    def request_meta(self, request) -> tuple[int, int, int]:
+        """(group, contract, prefix_id) ids of a vLLM ``Request`` (see the module docstring)."""
+        meta = getattr(request, _META_ATTR, None)
+        if meta is not None and meta[0] is self.tenants and meta[2] is not None:
+            c, p = meta[2]
+            return meta[1], c, p
+        g = self._group(request)  # memoizes (contract, prefix_id) too, where they resolve
+        meta = getattr(request, _META_ATTR, None)
+        memo = meta is not None and meta[0] is self.tenants
+        if memo and meta[2] is not None:
+            c, p = meta[2]
+            return g, c, p
+        cp, final = self._resolve_contract_prefix(request, True)
+        if final and memo:
+            meta[2] = cp
+        return g, cp[0], cp[1]
 
     def _requester(self) -> int:
         if self._current is not None:
@@ -499,93 +581,166 @@ class PolicyBlockPool(_VllmBlockPool):
         """Free blocks; inside ``allocate_slots`` capped at what the policy lets the requester
         take (``policy.available``)."""
         n = self.free_block_queue.num_free_blocks
-        if self.policy is None or self._current is None:
+        cur = self._current
+        pol = self.policy
+        if pol is None or cur is None:
             return n
-        return min(n, self.policy.available(self._group(self._current)))
+        meta = getattr(cur, _META_ATTR, None)  # self._group(cur), inlined: called per admission
+        g = meta[1] if meta is not None and meta[0] is self.tenants else self._group(cur)
+        if self._base_available and "available" not in pol.__dict__:
+            # NOTE: the base cap is ``num_free()``, which is this queue's count (the invariant
+            # ``_verify`` checks), so min(n, cap) = n without the call.
+            return n
+        return min(n, pol.available(g))
 
     def get_new_blocks(self, num_blocks: int) -> list:
         """Take ``num_blocks`` free blocks chosen by the policy (vLLM: the queue head)."""
-        if self.policy is None:
+        pol = self.policy
+        if pol is None:
             return super().get_new_blocks(num_blocks)
-        if num_blocks > self.get_num_free_blocks():
+        # get_num_free_blocks() and _requester(), with the requester's group looked up once
+        cur = self._current
+        free = self.free_block_queue.num_free_blocks
+        if cur is not None:
+            meta = getattr(cur, _META_ATTR, None)
+            g = meta[1] if meta is not None and meta[0] is self.tenants else self._group(cur)
+            if not self._base_available or "available" in pol.__dict__:
+                free = min(free, pol.available(g))
+        if num_blocks > free:
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
         if num_blocks <= 0:
             return []
-        g = self._requester()
-        victims = self.policy.select_victims(int(num_blocks), self.now(), g)
+        if cur is None:
+            g = self._requester()
+        victims = pol.select_victims(int(num_blocks), _monotonic() - self._t0, g)
         if len(victims) != num_blocks:
-            raise PolicyInvariantError(f"policy {self.policy.name} returned {len(victims)} "
+            raise PolicyInvariantError(f"policy {pol.name} returned {len(victims)} "
                                        f"victims for {num_blocks} blocks")
         blocks = self.blocks
-        queue = self.free_block_queue
+        remove = self.free_block_queue.remove
         ret = []
         for b in victims.tolist():
             blk = blocks[b]
             if blk.ref_cnt != 0 or blk.is_null:
                 what = " (the null block)" if blk.is_null else ""
-                raise PolicyInvariantError(f"policy {self.policy.name} chose block {b} with "
-                                           f"ref_cnt {blk.ref_cnt}{what}")
+                raise PolicyInvariantError(f"policy {pol.name} chose block {b} with ref_cnt "
+                                           f"{blk.ref_cnt}{what}")
             try:
-                queue.remove(blk)
+                remove(blk)
             except RuntimeError:
-                raise PolicyInvariantError(f"policy {self.policy.name} chose block {b}, which "
-                                           "is not in vLLM's free queue") from None
+                raise PolicyInvariantError(f"policy {pol.name} chose block {b}, which is not in "
+                                           "vLLM's free queue") from None
             ret.append(blk)
         if getattr(self, "_reuse_watchers", None):
             self._notify_reuse(ret)
-        owner = self.owner
-        ev = self.evictions
+        # vLLM's own steps for each block (its get_new_blocks with caching on), plus ours:
+        # the eviction of a cached victim is charged [requester, owner], the requester owns it.
+        owner = self._owner
+        ev_row = self._evictions[g]
+        unknown = len(ev_row) - 1
+        evict = self._maybe_evict_cached_block
         mc = self.metrics_collector
         for blk in ret:
             b = blk.block_id
             if blk.block_hash is not None:
-                ev[g, owner[b] if owner[b] >= 0 else ev.shape[1] - 1] += 1
-            self._maybe_evict_cached_block(blk)
+                o = owner[b]
+                ev_row[o if o >= 0 else unknown] += 1
+            evict(blk)
             blk.ref_cnt += 1
             owner[b] = g
             if mc:
                 mc.on_block_allocated(blk)
         self.num_victims += num_blocks
-        self._after("get_new_blocks")
+        self.num_calls += 1
+        if self._check:
+            self._verify("get_new_blocks")
         return ret
 
     def touch(self, blocks) -> None:
         """Prefix hits: ``on_hit``, vLLM's touch, then ``on_acquire`` for ref_cnt-0 hits."""
-        if self.policy is None:
+        pol = self.policy
+        if pol is None:
             return super().touch(blocks)
-        ids = [b.block_id for b in blocks if not b.is_null]
-        acquired = [b.block_id for b in blocks if b.ref_cnt == 0 and not b.is_null]
-        if ids:
-            g, c, p = self.request_meta(self._current) if self._current is not None \
-                else (self._requester(), self._default_contract, 0)
-            self.policy.on_hit(np.asarray(ids, dtype=np.int32), g, c, p, self.now())
-        super().touch(blocks)
+        cur = self._current
+        if not self._base_on_hit or "on_hit" in pol.__dict__:
+            ids = [b.block_id for b in blocks if not b.is_null]
+            if ids:
+                g, c, p = self.request_meta(cur) if cur is not None \
+                    else (self._requester(), self._default_contract, 0)
+                pol.on_hit(np.asarray(ids, dtype=np.int32), g, c, p, _monotonic() - self._t0)
+        elif (meta := getattr(cur, _META_ATTR, None)) is None or meta[0] is not self.tenants \
+                or meta[2] is None:  # not self._resolved(cur), inlined
+            # the base no-op is not called, but the ids are resolved (and checked) as before
+            for b in blocks:
+                if not b.is_null:
+                    if cur is not None:
+                        self.request_meta(cur)
+                    else:
+                        self._requester()
+                    break
+        # vLLM's touch (0.32.0), collecting the hits that leave its free queue
+        remove = self.free_block_queue.remove
+        mc = self.metrics_collector
+        acquired = []
+        for blk in blocks:
+            if blk.ref_cnt == 0 and not blk.is_null:
+                remove(blk)
+                acquired.append(blk.block_id)
+            blk.ref_cnt += 1
+            if mc:
+                mc.on_block_accessed(blk)
         if acquired:
-            self.policy.on_acquire(np.asarray(acquired, dtype=np.int32))
-        self._after("touch")
+            pol.on_acquire(np.asarray(acquired, dtype=np.int32))
+        self.num_calls += 1
+        if self._check:
+            self._verify("touch")
 
     def free_blocks(self, ordered_blocks: Iterable) -> None:
-        """vLLM's free, then ``on_release`` of the blocks that reached ref_cnt 0, in order."""
-        if self.policy is None:
+        """vLLM's free, then ``on_release`` of the blocks that reached ref_cnt 0, in order.
+
+        NOTE: vLLM 0.32.0's ``free_blocks`` (caching on) with our bookkeeping in the same loop:
+        a block is released to the policy where its ref_cnt reaches 0, so a block listed twice
+        is released once, at the place vLLM queues it.
+        """
+        pol = self.policy
+        if pol is None:
             return super().free_blocks(ordered_blocks)
-        blocks = list(ordered_blocks)
-        super().free_blocks(blocks)
+        evict_first = []   # no hash: to the head of vLLM's queue (reused first)
+        evict_last = []    # hashed: to the tail (LRU)
         freed: list[int] = []
         cached: list[bool] = []
-        seen: set[int] = set()
-        for blk in blocks:
-            if (blk.pool is None or blk.pool is self) and blk.ref_cnt == 0 and not blk.is_null \
-                    and blk.block_id not in seen:
-                seen.add(blk.block_id)
-                freed.append(blk.block_id)
-                has_hash = blk.block_hash is not None
-                cached.append(has_hash)
-                if not has_hash:
-                    self.owner[blk.block_id] = -1
+        other_pools: dict | None = None
+        owner = self._owner
+        for blk in ordered_blocks:
+            bp = blk.pool
+            if bp is not None and bp is not self:
+                if other_pools is None:
+                    other_pools = {}
+                other_pools.setdefault(bp, []).append(blk)
+                continue
+            blk.ref_cnt -= 1
+            if blk.ref_cnt == 0 and not blk.is_null:
+                b = blk.block_id
+                freed.append(b)
+                if blk.block_hash is None:
+                    evict_first.append(blk)
+                    cached.append(False)
+                    owner[b] = -1
+                else:
+                    evict_last.append(blk)
+                    cached.append(True)
+        queue = self.free_block_queue
+        queue.prepend_n(evict_first)
+        queue.append_n(evict_last)
+        if other_pools:
+            for other, blks in other_pools.items():
+                other.free_blocks(blks)
         if freed:
-            self.policy.on_release(np.asarray(freed, dtype=np.int32),
-                                   np.asarray(cached, dtype=np.bool_), self.now())
-        self._after("free_blocks")
+            pol.on_release(np.asarray(freed, dtype=np.int32), np.asarray(cached, dtype=np.bool_),
+                           _monotonic() - self._t0)
+        self.num_calls += 1
+        if self._check:
+            self._verify("free_blocks")
 
     def cache_full_blocks(self, request, blocks, num_cached_blocks: int, num_full_blocks: int,
                           block_size: int, kv_cache_group_id: int,
@@ -593,7 +748,16 @@ class PolicyBlockPool(_VllmBlockPool):
         """vLLM's caching, then ``on_materialize`` of the newly hashed full blocks."""
         super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks,
                                   block_size, kv_cache_group_id, block_mask)
-        if self.policy is None or num_cached_blocks >= num_full_blocks:
+        pol = self.policy
+        if pol is None or num_cached_blocks >= num_full_blocks:
+            return
+        base = self._base_on_materialize and "on_materialize" not in pol.__dict__
+        if base and (meta := getattr(request, _META_ATTR, None)) is not None \
+                and meta[0] is self.tenants and meta[2] is not None:
+            # self._resolved(request), inlined: request_meta would only read its memo
+            self.num_calls += 1
+            if self._check:
+                self._verify("cache_full_blocks")
             return
         ids: list[int] = []
         keys: list[int] = []
@@ -602,12 +766,18 @@ class PolicyBlockPool(_VllmBlockPool):
                     or blk.block_hash is None:
                 continue
             ids.append(blk.block_id)
+            if base:  # the base no-op is not called: one block is enough to resolve the ids
+                break
             keys.append(hash_key(blk.block_hash))
         if ids:
             g, c, p = self.request_meta(request)
-            self.policy.on_materialize(np.asarray(ids, dtype=np.int32),
-                                       np.asarray(keys, dtype=np.uint64), g, c, p, self.now())
-        self._after("cache_full_blocks")
+            if not base:
+                pol.on_materialize(np.asarray(ids, dtype=np.int32),
+                                   np.asarray(keys, dtype=np.uint64), g, c, p,
+                                   _monotonic() - self._t0)
+        self.num_calls += 1
+        if self._check:
+            self._verify("cache_full_blocks")
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         """vLLM's eviction by id (KV connectors); free blocks that lost their hash become truly
@@ -622,7 +792,9 @@ class PolicyBlockPool(_VllmBlockPool):
             arr = np.asarray(lost, dtype=np.int32)
             self.policy.on_acquire(arr)
             self.policy.on_release(arr, np.zeros(len(lost), dtype=np.bool_), self.now())
-            self.owner[arr] = -1
+            owner = self._owner
+            for b in lost:
+                owner[b] = -1
         self._after("evict_blocks")
 
     def unpin_blocks(self, blocks, on_reuse) -> None:
@@ -700,7 +872,8 @@ class PolicyBlockPool(_VllmBlockPool):
 
     def occupancy(self) -> dict[str, int]:
         """Blocks per group that it holds in use or owns as cached content."""
-        counts = np.bincount(self.owner[self.owner >= 0], minlength=len(self.tenants.names))
+        owner = self.owner
+        counts = np.bincount(owner[owner >= 0], minlength=len(self.tenants.names))
         return {n: int(counts[i]) for i, n in enumerate(self.tenants.names)
                 if i < self.tenants.num_assigned}
 
@@ -708,10 +881,11 @@ class PolicyBlockPool(_VllmBlockPool):
         """``{requesting group: {owner group: cached blocks reclaimed}}`` (non-zero entries)."""
         names = self.tenants.names[:self.tenants.num_assigned]
         out: dict[str, dict[str, int]] = {}
+        ev = self._evictions
         for r in range(len(names)):
             row = {}
-            for o in range(self.evictions.shape[1]):
-                v = int(self.evictions[r, o])
+            for o in range(len(ev[r])):
+                v = int(ev[r][o])
                 if v:
                     row[names[o] if o < len(names) else "<unknown>"] = v
             if row:
@@ -738,6 +912,9 @@ class PolicyBlockPool(_VllmBlockPool):
         }
 
 
+_vllm_allocate_slots = _VllmKVCacheManager.allocate_slots
+
+
 class PolicyKVCacheManager(_VllmKVCacheManager):
     """vLLM's ``KVCacheManager`` that names the requester to a :class:`PolicyBlockPool`.
 
@@ -746,16 +923,17 @@ class PolicyKVCacheManager(_VllmKVCacheManager):
     """
 
     # The requester is set and restored inline (what ``pool.serving`` does, without building a
-    # context manager on every scheduler call: this is the plugin's hottest wrapper).
+    # context manager on every scheduler call: this is the plugin's hottest wrapper), and
+    # vLLM's method is called directly (no ``super()`` object per call).
     def allocate_slots(self, request, *args, **kwargs):
         """vLLM's ``allocate_slots`` with ``request`` set as the pool's requester."""
         pool = self.block_pool
         if not isinstance(pool, PolicyBlockPool) or pool.policy is None:
-            return super().allocate_slots(request, *args, **kwargs)
+            return _vllm_allocate_slots(self, request, *args, **kwargs)
         prev = pool._current
         pool._current = request
         try:
-            return super().allocate_slots(request, *args, **kwargs)
+            return _vllm_allocate_slots(self, request, *args, **kwargs)
         finally:
             pool._current = prev
 

@@ -44,8 +44,12 @@ def test_bench_quick_runs_every_section_and_writes_finite_numbers(tmp_path, monk
     bad = [(p, v) for p, v in found if not math.isfinite(v)]
     assert not bad, bad
     for title in ("engine throughput", "start-up", "key-stream replay", "victim selection",
-                  "policy state bytes"):
+                  "policy state bytes", "scale: engine time per request"):
         assert title in result.output
+    scale = report["sections"]["scale"]
+    assert {r["part"] for r in scale["rows"]} == {"engine + lru", "pool + lru",
+                                                   "pool + prefixshield"}
+    assert all(r["bytes_per_unit"] > 0 for r in scale["rows"] if r["unit"] == "blocks")
 
 
 def test_bench_rejects_an_unknown_section():

@@ -95,6 +95,64 @@ def test_request_metadata_reaches_the_policy():
     assert p == plugin.hash_key(req2.block_hashes[0]) & 0x7FFFFFFFFFFFFFFF
 
 
+def test_an_unconfigured_contract_is_refused_even_where_the_policy_ignores_it():
+    # LRU's on_materialize/on_hit are the base no-ops the pool does not call; the request's ids
+    # are still resolved, so a contract that is not configured is an error under every policy
+    side = Side(40, 16, env("lru", contracts=["standard"]))
+    req = side.make_request("a", list(range(40)), "tenant-a",
+                            {"prefixshield_contract": "best_effort"})
+    with pytest.raises(plugin.PluginError, match="contract 'best_effort' is not configured"):
+        side.admit(req, 1 << 20)
+
+
+def test_a_hook_patched_on_the_instance_is_called():
+    side = Side(40, 16, env("lru"))
+    hits = []
+    side.pool.policy.on_hit = lambda blocks, g, c, p, now: hits.append((list(blocks), g))
+    a = side.make_request("a", list(range(40)), "tenant-a")
+    assert side.admit(a, 1 << 20)[0]
+    b = side.make_request("b", list(range(40)), "tenant-a")
+    ok, cached, _ = side.admit(b, 1 << 20)
+    assert ok and cached == 32
+    assert hits == [(side.block_ids(a)[:2], 1)]
+
+
+def test_request_ids_are_looked_up_again_after_the_policy_is_rebuilt():
+    # a request's ids are memoized per tenant table: a rebuilt policy (reset_prefix_cache)
+    # discovers groups afresh, and another pool resolves the same request in its own table
+    side = Side(40, 16, plugin.plugin_env("lru", max_groups=2))
+    req = side.make_request("a", list(range(40)), "x")
+    assert side.admit(req, 1 << 20)[0]
+    assert side.pool.request_meta(req)[0] == 0
+    side.free(req)
+    assert side.mgr.reset_prefix_cache()
+    other = side.make_request("b", list(range(100, 140)), "y")
+    assert side.admit(other, 1 << 20)[0]          # "y" is group 0 of the new table
+    assert side.pool.request_meta(other)[0] == 0
+    assert side.pool.request_meta(req)[0] == 1    # "x" comes second now
+    elsewhere = Side(40, 16, plugin.plugin_env("lru", groups=["y", "x"]))
+    assert elsewhere.pool.request_meta(req)[0] == 1
+    assert side.pool.request_meta(req)[0] == 1
+
+
+def test_owner_and_eviction_snapshots_follow_the_pool():
+    side = Side(8, 16, env("lru", check_invariants=True))    # 7 usable blocks
+    a = side.make_request("a", list(range(64)), "tenant-a")  # 4 full blocks, all cached
+    assert side.admit(a, 1 << 20)[0]
+    pool = side.pool
+    owner = pool.owner
+    assert owner.dtype == np.int32 and owner.shape == (8,)
+    assert sorted(np.flatnonzero(owner == 1).tolist()) == sorted(side.block_ids(a))
+    side.free(a)
+    b = side.make_request("b", list(range(500, 596)), "tenant-b")  # 6 blocks: reclaims
+    assert side.admit(b, 1 << 20)[0]
+    ev = pool.evictions
+    assert ev.dtype == np.int64 and ev.shape == (3, 4)
+    assert ev[2, 1] > 0 and ev.sum() == ev[2, 1]   # tenant-b reclaimed tenant-a's blocks
+    assert pool.prefixshield_stats()["evictions"] == {"tenant-b": {"tenant-a": int(ev[2, 1])}}
+    assert pool.occupancy()["tenant-b"] == 6
+
+
 def test_the_same_content_gets_the_same_key_in_another_block():
     side = Side(40, 16, env("lru"))
     a = side.make_request("a", list(range(33)), "tenant-a")
