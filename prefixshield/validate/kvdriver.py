@@ -25,16 +25,18 @@ from vllm.v1.core.kv_cache_manager import KVCacheManager  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noqa: E402
                                         KVCacheGroupSpec)
-from vllm.v1.request import Request, RequestStatus  # noqa: E402
+from vllm.v1.request import Request  # noqa: E402
 
 from prefixshield.validate import plugin  # noqa: E402
+from prefixshield.validate.kvcalls import ManagerCalls  # noqa: E402
 
 SALTS = (None, "tenant-a", "tenant-b")
 CONTRACTS = ("standard", "best_effort", "critical")
 
 
-class Side:
-    """One vLLM ``KVCacheManager`` with prefix caching and one full-attention group.
+class Side(ManagerCalls):
+    """One vLLM ``KVCacheManager`` with prefix caching and one full-attention group (chunks,
+    decode tokens, frees and block tables: :class:`~prefixshield.validate.kvcalls.ManagerCalls`).
 
     Args:
         num_blocks: pool size, null block included.
@@ -68,44 +70,11 @@ class Side:
         return Request(request_id=name, prompt_token_ids=list(prompt), sampling_params=sp,
                        pooling_params=None, cache_salt=salt, block_hasher=self.hasher)
 
-    def admit(self, req: Request, num_new_max: int) -> tuple[bool, int, int]:
-        """Schedule a waiting request: (admitted, cached tokens, tokens scheduled)."""
-        computed, num_hit = self.mgr.get_computed_blocks(req)[:2]
-        num_new = min(req.num_tokens - num_hit, num_new_max)
-        out = self.mgr.allocate_slots(req, num_new, num_new_computed_tokens=num_hit,
-                                      new_computed_blocks=computed, full_sequence_must_fit=True,
-                                      has_scheduled_reqs=False)
-        if out is None:
-            return False, num_hit, 0
-        req.status = RequestStatus.RUNNING
-        req.num_computed_tokens = num_hit + num_new
-        return True, num_hit, num_new
-
-    def step(self, req: Request, num_new: int) -> bool:
-        """Allocate ``num_new`` more tokens of a running request; False if they do not fit."""
-        if self.mgr.allocate_slots(req, num_new) is None:
-            return False
-        req.num_computed_tokens += num_new
-        return True
-
-    def append_output(self, req: Request, token: int) -> None:
-        """The model emitted ``token`` for ``req`` (decode blocks fill and get hashed)."""
-        req.append_output_token_ids(token)
-
-    def num_cached_blocks(self) -> int:
-        """Blocks that carry a hash (in use or free)."""
-        return sum(1 for b in self.pool.blocks if b.block_hash is not None)
-
-    def free(self, req: Request, preempted: bool = False) -> None:
-        """Release the request's blocks (finished, or preempted: it may be re-admitted)."""
-        self.mgr.free(req)
-        req.status = RequestStatus.PREEMPTED if preempted else RequestStatus.FINISHED_STOPPED
-        if preempted:
-            req.num_computed_tokens = 0
-
-    def block_ids(self, req: Request) -> list[int]:
-        """The request's block table."""
-        return list(self.mgr.get_block_ids(req.request_id)[0])
+    def _allocate_admission(self, req: Request, num_new: int, num_hit: int, computed):
+        # vLLM >= 0.28 admits only if the whole sequence fits (scheduler_reserve_full_isl)
+        return self.mgr.allocate_slots(req, num_new, num_new_computed_tokens=num_hit,
+                                       new_computed_blocks=computed, full_sequence_must_fit=True,
+                                       has_scheduled_reqs=False)
 
     def free_queue(self) -> list[int]:
         """vLLM's free queue, head (next reused) first."""

