@@ -537,18 +537,14 @@ def calibrate(model_dir, name, out_path, block_size, num_blocks, dtype, quick):
     from prefixshield.calibrate.fit import fit_cost_model, write_profile
     from prefixshield.calibrate.measure import CalibrationGrid, measure_step_times
 
-    grid = CalibrationGrid(prefill_new_tokens=(64, 256), prefill_cached_tokens=(0, 512),
-                           prefill_batch=(1, 2), decode_batch=(1, 4), decode_context=(128, 512),
-                           decode_steps=4, repeats=2) if quick else CalibrationGrid()
+    grid = CalibrationGrid.quick() if quick else CalibrationGrid()
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("timing engine steps", total=None)
         m = measure_step_times(model_dir, block_size=block_size, num_blocks=num_blocks, grid=grid,
                                dtype=dtype,
                                progress=lambda d, t: progress.update(task, completed=d, total=t))
     fit = fit_cost_model(m)
-    grid_text = (f"prefill new {list(grid.prefill_new_tokens)} x cached "
-                 f"{list(grid.prefill_cached_tokens)} x batch {list(grid.prefill_batch)}, decode "
-                 f"batch {list(grid.decode_batch)} x context {list(grid.decode_context)}")
+    grid_text = grid.describe()
     path = out_path or f"{name}.toml"
     write_profile(path, name, fit, m.facts, grid_text)
     c = fit.cost
@@ -588,78 +584,151 @@ def make_model(out_dir, arch, seed, dtype, dry_run, overwrite):
     console.print(f"wrote {arch} ({num_parameters(arch):,} parameters) to {path}/")
 
 
+def _live_options(calibrate_help: str):
+    """``--profile``/``--calibrate`` and the live engine (``--model``, ``--blocks``,
+    ``--block-size``, ``--max-num-seqs``, ``--max-num-batched-tokens``) of ``validate`` and
+    ``validate-matrix``."""
+    options = [
+        click.option("--profile", default=None,
+                     help="Cost-model profile of the simulated side: a shipped name or a .toml "
+                          "path (required unless --calibrate)."),
+        click.option("--calibrate", is_flag=True, help=calibrate_help),
+        click.option("--model", "model_dir", type=click.Path(file_okay=False), default=None,
+                     help="Model directory [default: a tiny-qwen2 written to OUT/model]."),
+        click.option("--blocks", "num_blocks", type=int, default=64, show_default=True,
+                     help="KV blocks, null block included (vLLM num_gpu_blocks_override)."),
+        click.option("--block-size", type=POSITIVE, default=32, show_default=True,
+                     help="Tokens per block (vLLM's CPU attention: a multiple of 32)."),
+        click.option("--max-num-seqs", type=int, default=16, show_default=True,
+                     help="Most running requests per step."),
+        click.option("--max-num-batched-tokens", type=int, default=8192, show_default=True,
+                     help="Token budget per step (chunked prefill)."),
+    ]
+
+    def apply(fn):
+        for opt in reversed(options):
+            fn = opt(fn)
+        return fn
+    return apply
+
+
 @main.command()
 @click.argument("workload")
 @click.option("--policy", "-p", default="lru", show_default=True,
               help="Policy installed in vLLM (by the plugin) and in the simulator.")
-@click.option("--profile", required=True,
-              help="Cost-model profile of the simulated side: a shipped name or a .toml path.")
-@click.option("--model", "model_dir", type=click.Path(file_okay=False), default=None,
-              help="Model directory [default: a tiny-qwen2 written to OUT/model].")
-@click.option("--blocks", "num_blocks", type=int, default=64, show_default=True,
-              help="KV blocks, null block included (vLLM num_gpu_blocks_override).")
-@click.option("--block-size", type=POSITIVE, default=32, show_default=True,
-              help="Tokens per block (vLLM's CPU attention: a multiple of 32).")
-@click.option("--max-num-seqs", type=int, default=16, show_default=True,
-              help="Most running requests per step.")
-@click.option("--max-num-batched-tokens", type=int, default=8192, show_default=True,
-              help="Token budget per step (chunked prefill).")
+@_live_options("Measure a profile on the live engine right before the replay and simulate "
+               "with it (written to OUT/calibrated_profile.toml); replaces --profile.")
 @click.option("--timed", is_flag=True,
               help="Honour arrival times on the wall clock [default: one request at a time].")
+@click.option("--free-outputs", is_flag=True,
+              help="Let the model pick its own output tokens (only their number is forced); "
+                   "by default it generates the simulator's, so later turns quote the same ids.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Trace seed.")
 @_workload_options
 @click.option("--check-invariants", is_flag=True,
               help="Check the pool/policy invariants after every block-pool call (slow).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
-              help="Write sim_vs_live.{md,csv,json} and sim_vs_live_requests.csv here.")
+              help="Write sim_vs_live.{md,csv,json}, sim_vs_live_requests.csv and "
+                   "sim_vs_live_steps.csv here.")
 @_user_errors
-def validate(workload, policy, profile, model_dir, num_blocks, block_size, max_num_seqs,
-             max_num_batched_tokens, timed, seed, alpha, overrides, check_invariants, out_dir):
+def validate(workload, policy, profile, calibrate, model_dir, num_blocks, block_size,
+             max_num_seqs, max_num_batched_tokens, timed, free_outputs, seed, alpha, overrides,
+             check_invariants, out_dir):
     """Replay WORKLOAD on a real vLLM with POLICY installed, and in the simulator; write the
-    sim-vs-live report (Metric / vLLM / Sim / Diff%, per-request cached-token agreement).
+    sim-vs-live report: Metric / vLLM / Sim (the profile) / Sim (the live engine's own step
+    times, which isolates the scheduler model) with Diff%, per-request cached-token agreement,
+    and the profile's step-time residuals.
 
     WORKLOAD is a generated workload name or a trace .parquet file. Needs vLLM installed.
     Small pools cannot hold the 1,536-token C_prefill probe: give the rate with
     --set base_rate=... (requests/s) and prompt sizes with --set prefix_tokens=....
     """
-    from prefixshield.experiments.single import RunSpec, build_trace
-    from prefixshield.simulator.config import EngineConfig
-    from prefixshield.simulator.costmodel import load_profile
+    from prefixshield.validate.matrix import ValidationCell, run_cell
 
-    typed = _workload_overrides(workload, overrides)
-    engine = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=max_num_batched_tokens, vllm_compat="current")
-    prof = load_profile(profile)
-    spec = RunSpec(workload=workload, policies=(policy,), engine=engine, profile=prof,
-                   alpha=alpha, seed=seed, overrides=typed)
-    trace, _info = build_trace(spec)
+    if calibrate and profile:
+        raise click.UsageError("--calibrate measures the profile itself: drop --profile")
+    if not calibrate and not profile:
+        raise click.UsageError("give --profile NAME|FILE.toml, or --calibrate")
+    _workload_overrides(workload, overrides)  # named errors before vLLM starts
+    cell = ValidationCell(workload=workload, policy=policy, timed=timed, seed=seed, alpha=alpha,
+                          overrides=tuple(overrides), num_blocks=num_blocks,
+                          block_size=block_size, max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=max_num_batched_tokens)
     try:
-        from prefixshield.validate.compare import to_markdown
-        from prefixshield.validate.compare import validate as run_validation
-        from prefixshield.validate.live import LiveError
-        from prefixshield.validate.plugin import PluginError  # imports vLLM
-        from prefixshield.validate.tinymodel import write_tiny_model
+        report = run_cell(cell, out_dir=out_dir, profile=profile, calibrate=calibrate,
+                          model_dir=model_dir, force_outputs=not free_outputs,
+                          check_invariants=check_invariants, console=console)
     except ImportError as e:
         raise click.ClickException(f"validate needs vLLM installed (make install-vllm): {e}") \
             from None
-    if model_dir is None:
-        model_dir = Path(out_dir) / "model"
-        if not (model_dir / "config.json").exists():
-            write_tiny_model(model_dir, overwrite=True)
-    console.print(f"[bold]{workload}[/]: {len(trace)} requests; policy {policy}; "
-                  f"{num_blocks} blocks x {block_size} tokens; "
-                  f"{'timed' if timed else 'serialized'} arrivals; model {model_dir}")
-    try:
-        with console.status("replaying on vLLM, then in the simulator..."):
-            report = run_validation(trace, policy, str(model_dir), num_blocks, prof.cost,
-                                    block_size=block_size, serialize=not timed,
-                                    max_num_seqs=max_num_seqs,
-                                    max_num_batched_tokens=max_num_batched_tokens,
-                                    check_invariants=check_invariants, out_dir=out_dir)
-    except (LiveError, PluginError) as e:
-        raise click.ClickException(str(e)) from None
+    from prefixshield.validate.compare import to_markdown
+
     console.print(to_markdown(report), markup=False)
     console.print(f"wrote the report to {out_dir}/")
+
+
+@main.command("validate-matrix")
+@click.option("--workload", "-w", "workloads", multiple=True,
+              help="A matrix workload (repeatable) [default: one_touch, two_pass_replay, "
+                   "low_and_slow, sharegpt at their CPU sizes].")
+@click.option("--policy", "-p", "policies", multiple=True,
+              help="A policy spec (repeatable) [default: lru, prefixshield].")
+@click.option("--mode", "modes", multiple=True, type=click.Choice(["serialized", "timed"]),
+              help="Arrival mode (repeatable) [default: both].")
+@_live_options("Calibrate on the live engine right before every cell's replay.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
+              default="float32", show_default=True,
+              help="Model dtype (bfloat16 for the Qwen2.5 shapes on a GPU).")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Trace seed.")
+@_workload_options
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
+              help="Write matrix.{md,csv,json} and cells/<cell>/sim_vs_live.* here; finished "
+                   "cells are kept (an interrupted matrix resumes).")
+@_user_errors
+def validate_matrix(workloads, policies, modes, profile, calibrate, model_dir, num_blocks,
+                    block_size, max_num_seqs, max_num_batched_tokens, dtype, seed, alpha,
+                    overrides, out_dir):
+    """Run `validate` over workloads x policies x modes on one live engine and write one
+    summary table (cached-token agreement, TTFT/E2E error with the profile and with the live
+    step times, the profile's step-time error).
+
+    The workloads run at CPU sizes on 64 blocks of 32 tokens (see
+    prefixshield/validate/matrix.py), at --alpha x C_prefill of the profile each cell runs
+    with; --set KEY=VALUE applies to every cell (e.g. --set duration_s=2 for a quick matrix).
+    A cell takes tens of seconds on two cores.
+    """
+    from rich.progress import Progress
+
+    from prefixshield.validate.matrix import MATRIX_POLICIES, default_cells, run_matrix
+
+    if calibrate and profile:
+        raise click.UsageError("--calibrate measures the profile itself: drop --profile")
+    if not calibrate and not profile:
+        raise click.UsageError("give --profile NAME|FILE.toml, or --calibrate")
+    cells = default_cells(workloads or None, tuple(policies) or MATRIX_POLICIES,
+                          tuple(modes) or ("serialized", "timed"), seed=seed,
+                          extra=tuple(overrides), alpha=alpha, num_blocks=num_blocks,
+                          block_size=block_size, max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=max_num_batched_tokens, dtype=dtype)
+    from prefixshield.validate.matrix import typed_overrides
+
+    for cell in cells:
+        typed_overrides(cell)  # named errors before vLLM starts
+    try:
+        with Progress(console=console) as progress:
+            task = progress.add_task("validation cells", total=len(cells))
+            result = run_matrix(cells, out_dir, profile=profile, calibrate=calibrate,
+                                model_dir=model_dir, console=console,
+                                on_cell=lambda d, t, label: progress.update(
+                                    task, completed=d, description=label))
+    except ImportError as e:
+        raise click.ClickException(f"validate-matrix needs vLLM installed (make install-vllm): "
+                                   f"{e}") from None
+    console.print((Path(out_dir) / "matrix.md").read_text(), markup=False)
+    console.print(f"{result.ran} cells run, {result.reused} reused, {result.failed} failed; "
+                  f"wrote {', '.join(str(p) for p in result.paths)}")
+    if result.failed:
+        raise click.ClickException(f"{result.failed} cell(s) failed (their rows say why)")
 
 
 @main.command()

@@ -4,11 +4,12 @@ Besides the steps, every measured request's ``add_request`` call is timed: an in
 processes a request's input serially before the next step, which the cost model charges as
 ``e`` seconds per new request.
 
-Every sample is one ``LLMEngine.step()`` call timed on the wall clock, with the features the cost
-model uses: prefill tokens computed, sequences decoding one token, and KV context tokens attended.
+Every sample is the median of repeated ``LLMEngine.step()`` calls timed on the wall clock, with
+the features the cost model uses: prefill tokens computed, sequences decoding one token, and KV context tokens attended.
 Prefill samples put ``k`` requests of ``cached + new`` tokens into one step, where the first
 ``cached`` tokens were cached beforehand by a warm-up request (so only ``new`` are computed);
-decode samples time the pure-decode steps of a batch of ``b`` requests with ``c``-token prompts.
+decode samples time ``decode_steps`` pure-decode steps of a batch of ``b`` requests with
+``c``-token prompts and keep their median (one sample per point, like the prefill points).
 
 The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) with token-id prompts and
 ``skip_tokenizer_init=True``, so any model directory works, random weights included: step time
@@ -35,7 +36,7 @@ class CalibrationGrid:
         prefill_batch: requests per prefill step.
         decode_batch: sequences per decode step.
         decode_context: prompt tokens of each decoding sequence.
-        decode_steps: timed decode steps per (batch, context) point.
+        decode_steps: timed decode steps per (batch, context) point (their median is kept).
         repeats: repetitions of every prefill point (the median is kept).
     """
 
@@ -46,6 +47,28 @@ class CalibrationGrid:
     decode_context: tuple[int, ...] = (128, 1024)
     decode_steps: int = 6
     repeats: int = 3
+
+    def describe(self) -> str:
+        """The grid in one line (for a profile's provenance)."""
+        return (f"prefill new {list(self.prefill_new_tokens)} x cached "
+                f"{list(self.prefill_cached_tokens)} x batch {list(self.prefill_batch)}, decode "
+                f"batch {list(self.decode_batch)} x context {list(self.decode_context)}")
+
+    @classmethod
+    def quick(cls) -> "CalibrationGrid":
+        """A small grid (``calibrate --quick``; seconds on the tiny CPU model)."""
+        return cls(prefill_new_tokens=(64, 256), prefill_cached_tokens=(0, 512),
+                   prefill_batch=(1, 2), decode_batch=(1, 4), decode_context=(128, 512),
+                   decode_steps=4, repeats=2)
+
+    @classmethod
+    def for_validation(cls) -> "CalibrationGrid":
+        """The grid ``validate --calibrate`` measures right before its replay: small enough
+        for the validation engine's pool (points that do not fit are skipped) and spanning the
+        shapes a validation workload schedules."""
+        return cls(prefill_new_tokens=(32, 128, 512), prefill_cached_tokens=(0, 256, 512),
+                   prefill_batch=(1, 2), decode_batch=(1, 4, 8, 16),
+                   decode_context=(64, 256, 512), decode_steps=16, repeats=3)
 
 
 @dataclass
@@ -80,14 +103,15 @@ class _Driver:
     """An in-process vLLM engine (the live mode's, native block pool) plus timed steps."""
 
     def __init__(self, model_dir: str, block_size: int, num_blocks: int, max_num_seqs: int,
-                 max_num_batched_tokens: int, dtype: str) -> None:
+                 max_num_batched_tokens: int, dtype: str, live=None) -> None:
         from vllm import SamplingParams
 
         from prefixshield.validate.live import LiveEngine, LiveEngineConfig
 
         # Same engine set-up as `prefixshield validate` (threads, binding, CPU work-arounds), so
         # a profile measured here describes the engine the validation replays against.
-        self.live = LiveEngine(LiveEngineConfig(
+        self.owned = live is None
+        self.live = live if live is not None else LiveEngine(LiveEngineConfig(
             model_dir=model_dir, num_blocks=num_blocks, block_size=block_size,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             dtype=dtype))
@@ -120,27 +144,51 @@ class _Driver:
             self.engine.step()
 
 
-def measure_step_times(model_dir: str, block_size: int = 32, num_blocks: int = 2048,
-                       grid: CalibrationGrid = CalibrationGrid(), dtype: str = "float32",
-                       max_num_seqs: int = 64, max_num_batched_tokens: int = 8192,
-                       progress=None) -> Measurement:
+def _blocks(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size) + 1  # ceil, plus the block a next token may open
+
+
+def measure_step_times(model_dir: str | None = None, block_size: int = 32,
+                       num_blocks: int = 2048, grid: CalibrationGrid = CalibrationGrid(),
+                       dtype: str = "float32", max_num_seqs: int = 64,
+                       max_num_batched_tokens: int = 8192, progress=None,
+                       live=None) -> Measurement:
     """Time prefill and decode steps of a real vLLM engine over ``grid``.
 
+    Grid points the engine cannot hold at once (more KV blocks than ``num_blocks - 1``, more
+    sequences than ``max_num_seqs``, a prefill batch over ``max_num_batched_tokens``) are
+    skipped.
+
     Args:
-        model_dir: a model directory (e.g. from ``write_tiny_model``).
+        model_dir: a model directory (e.g. from ``write_tiny_model``); unused with ``live``.
         block_size: KV block size in tokens (CPU attention needs a multiple of 32).
-        num_blocks: KV blocks for the engine (must hold the largest sample).
+        num_blocks: KV blocks for the engine.
         grid: the measurement grid.
         dtype: model dtype for vLLM ("auto", "float32", "bfloat16").
         progress: optional callable ``progress(done, total)``.
+        live: measure on this :class:`~prefixshield.validate.live.LiveEngine` (left open, its
+            prefix cache holding the calibration's blocks until the next replay resets it)
+            instead of starting one; its own engine settings then apply.
     """
+    if live is not None:
+        facts = live.facts()
+        block_size, num_blocks = facts["block_size"], facts["num_gpu_blocks"]
+        max_num_seqs = facts["max_num_seqs"]
+        max_num_batched_tokens = facts["max_num_batched_tokens"]
+    elif model_dir is None:
+        raise ValueError("measure_step_times needs model_dir or live")
+    usable = num_blocks - 1
+    points = [(n, c, k) for n in grid.prefill_new_tokens for c in grid.prefill_cached_tokens
+              for k in grid.prefill_batch if k * (n + c) <= max_num_batched_tokens
+              and k <= max_num_seqs and k * _blocks(n + c, block_size) <= usable]
+    decode_points = [(b, c) for b in grid.decode_batch for c in grid.decode_context
+                     if b <= max_num_seqs
+                     and b * _blocks(c + grid.decode_steps + 2, block_size) <= usable]
     driver = _Driver(model_dir, block_size, num_blocks, max_num_seqs, max_num_batched_tokens,
-                     dtype)
+                     dtype, live=live)
     samples: list[StepSample] = []
     add_times: list[float] = []
-    points = [(n, c, k) for n in grid.prefill_new_tokens for c in grid.prefill_cached_tokens
-              for k in grid.prefill_batch if k * (n + c) <= max_num_batched_tokens]
-    total = len(points) * grid.repeats + len(grid.decode_batch) * len(grid.decode_context)
+    total = len(points) * grid.repeats + len(decode_points)
     done = 0
     # warm-up: the first steps of an engine are slower (allocator, caches)
     for _ in range(3):
@@ -168,25 +216,26 @@ def measure_step_times(model_dir: str, block_size: int = 32, num_blocks: int = 2
                 progress(done, total)
         samples.append(StepSample("prefill", k * new, 0, k * (cached + new),
                                   float(np.median(times))))
-    for b in grid.decode_batch:
-        for c in grid.decode_context:
-            for _j in range(b):
-                driver.add(driver.fresh_tokens(c), grid.decode_steps + 2)
-            # the prefill of all b prompts, then one decode step to settle
-            while _prefilling(driver):
-                driver.engine.step()
+    for b, c in decode_points:
+        for _j in range(b):
+            driver.add(driver.fresh_tokens(c), grid.decode_steps + 2)
+        # the prefill of all b prompts, then one decode step to settle
+        while _prefilling(driver):
             driver.engine.step()
-            for j in range(grid.decode_steps):
-                seconds = driver.timed_step()
-                # context attended by each sequence: prompt + generated so far (+ this token)
-                ctx = b * (c + 2 + j)
-                samples.append(StepSample("decode", 0, b, ctx, seconds))
-            driver.drain()
-            done += 1
-            if progress:
-                progress(done, total)
+        driver.engine.step()
+        times = [driver.timed_step() for _ in range(grid.decode_steps)]
+        # One sample per point, the median step (a stray slow step on a shared machine must not
+        # pull the fit); context attended by each sequence: prompt + generated so far (+ this
+        # token), at the middle of the timed steps.
+        ctx = b * (c + 2) + b * (grid.decode_steps - 1) // 2
+        samples.append(StepSample("decode", 0, b, ctx, float(np.median(times))))
+        driver.drain()
+        done += 1
+        if progress:
+            progress(done, total)
     facts = driver.live.facts()
-    driver.live.close()
+    if driver.owned:
+        driver.live.close()
     return Measurement(samples, facts, add_times)
 
 

@@ -7,6 +7,13 @@
 * :mod:`~prefixshield.validate.live` — replay a trace on an in-process vLLM with a policy.
 * :mod:`~prefixshield.validate.compare` — the same trace in the simulator; the
   ``Metric / vLLM / Sim / Diff%`` report (Markdown, CSV, JSON).
+* :mod:`~prefixshield.validate.forcing` — the logits processor that makes the live model
+  generate the simulator's output tokens.
+* :mod:`~prefixshield.validate.steptimes` — step-time replay (the simulator priced with the
+  live engine's recorded steps) and the profile's step-time residuals.
+* :mod:`~prefixshield.validate.matrix` — ``validate`` over workloads x policies x modes.
+* :mod:`~prefixshield.validate.kvdriver`, :mod:`~prefixshield.validate.kvcalls` — drive vLLM's
+  ``KVCacheManager`` without a model (differential tests, benchmarks).
 
 Only this package imports vLLM: ``plugin`` at import time (it subclasses vLLM's classes),
 ``live`` when an engine is built; ``tinymodel`` needs ``torch``/``transformers``/``safetensors``

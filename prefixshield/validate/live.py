@@ -8,7 +8,13 @@ entry point or not, and the class vLLM instantiated is checked). Each trace row 
 request: prompt token ids from its segments (:func:`prefixshield.traces.tokens.prompt_token_ids`
 with the trace's seed and vocabulary), ``cache_salt = group``, and
 ``SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, temperature=0,
-extra_args={"prefixshield_contract": contract, "prefixshield_prefix_id": prefix_id})``.
+extra_args={"prefixshield_contract": contract, "prefixshield_prefix_id": prefix_id,
+"prefixshield_forced_output": ids})``: with ``force_outputs`` (the default) the engine runs
+:class:`~prefixshield.validate.forcing.ForcedOutputLogitsProcessor`, so each request generates
+exactly the output token ids the simulator gives it, and a later turn that quotes an earlier
+turn's output hits the same decode blocks in both worlds (the replay checks every generated id).
+Every engine step that scheduled work is recorded (:class:`StepRecorder`) for the step-time
+replay of :mod:`prefixshield.validate.steptimes`.
 
 Submission (both modes drive ``LLMEngine.add_request`` + ``step()`` ourselves, which is what
 ``LLM.generate`` does inside, so that first-token times are observed at step granularity):
@@ -17,8 +23,9 @@ Submission (both modes drive ``LLMEngine.add_request`` + ``step()`` ourselves, w
   engine has nothing left (the equivalent of one ``llm.generate`` call per prompt). Trace arrival
   times are ignored; each request's live submission time is recorded.
 * ``serialize=False``: arrivals honoured on the wall clock: a request is submitted at the first
-  step boundary at or after its ``arrival_s`` (measured from the replay start); an idle engine
-  sleeps until the next arrival.
+  step boundary at or after its ``arrival_s`` (measured from the replay start) -- the end of a
+  step, or the waking arrival of an idle engine, which sleeps until then -- exactly the moments
+  at which the simulator admits arrivals.
 
 Per request: ``num_cached_tokens`` (``RequestOutput.num_cached_tokens``), TTFT = wall time of the
 step that returned the first token minus submission (serialized) or minus the intended arrival
@@ -58,6 +65,7 @@ import pandas as pd
 
 from prefixshield.traces.schema import Trace
 from prefixshield.traces.tokens import prompt_token_ids
+from prefixshield.validate.forcing import EXTRA_FORCED_OUTPUT, output_token_ids
 
 
 class LiveError(RuntimeError):
@@ -81,6 +89,9 @@ class LiveEngineConfig:
         cpu_threads: torch threads on the CPU backend (None: leave the process setting). One
             thread keeps step times stable on a shared machine: with two, a step waits ~100 ms
             whenever another process holds the other core.
+        force_outputs: install :class:`~prefixshield.validate.forcing.ForcedOutputLogitsProcessor`
+            so every replayed request generates exactly the simulator's output token ids (False:
+            the model's own greedy tokens; only their number is forced).
         llm_kwargs: further ``vllm.LLM`` keyword arguments.
     """
 
@@ -92,6 +103,7 @@ class LiveEngineConfig:
     max_model_len: int | None = None
     dtype: str = "float32"
     cpu_threads: int | None = 1
+    force_outputs: bool = True
     llm_kwargs: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -132,6 +144,7 @@ class LiveResult:
         pool_stats: the pool's
             :meth:`~prefixshield.validate.plugin.PolicyBlockPool.prefixshield_stats`.
         wall_s: seconds the replay took.
+        steps: one row per engine step that scheduled work (see :class:`StepRecorder`).
     """
 
     records: pd.DataFrame
@@ -140,6 +153,86 @@ class LiveResult:
     facts: dict
     pool_stats: dict
     wall_s: float
+    steps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=STEP_COLUMNS))
+
+
+STEP_COLUMNS = ("start_s", "end_s", "seconds", "prefill_tokens", "decode_seqs",
+                "context_tokens", "new_requests", "num_requests", "scheduled_tokens")
+"""Columns of :attr:`LiveResult.steps`."""
+
+
+class StepRecorder:
+    """Records every live engine step that scheduled work, in the cost model's features.
+
+    While active (a context manager), vLLM's ``Scheduler.schedule`` is wrapped on the instance:
+    after it returns, each scheduled request ``r`` with ``k`` tokens (computed before the step:
+    ``num_computed_tokens - k``, since vLLM advances it inside ``schedule``) counts as one
+    decoding sequence when ``k == 1``, it has output tokens and all but its last token are
+    computed -- the simulator's rule -- and otherwise adds ``k`` prefill tokens; the context is
+    ``computed + k``; a request scheduled for the first time is a new request.
+
+    ``seconds`` is the wall time the step is charged with: from ``start_s`` (the end of the
+    previous step while the engine stayed busy, or, after an idle spell, the moment the waking
+    request was submitted -- serialized -- or was due to arrive -- timed) to the end of the
+    ``step()`` call. Input processing of requests submitted between steps (``add_request``) and
+    the engine's output handling are thereby inside the step they precede, as the simulator's
+    ``e`` term charges them; a step that scheduled nothing is folded into the next one.
+    """
+
+    def __init__(self, scheduler) -> None:
+        self.scheduler = scheduler
+        self.rows: list[tuple] = []
+        self._pending: tuple | None = None
+        self._seen: set[str] = set()
+
+    def __enter__(self) -> "StepRecorder":
+        sched = self.scheduler
+        original = type(sched).schedule
+
+        def schedule(*args, **kwargs):
+            out = original(sched, *args, **kwargs)
+            self._observe(out)
+            return out
+
+        sched.schedule = schedule
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.scheduler.__dict__.pop("schedule", None)
+
+    def _observe(self, out) -> None:
+        prefill = decode = context = new = 0
+        requests = self.scheduler.requests
+        for rid, k in out.num_scheduled_tokens.items():
+            req = requests[rid]
+            before = req.num_computed_tokens - k
+            if k == 1 and req.num_output_tokens > 0 and before == req.num_tokens - 1:
+                decode += 1
+            else:
+                prefill += k
+            context += before + k
+            if rid not in self._seen:
+                self._seen.add(rid)
+                new += 1
+        self._pending = (prefill, decode, context, new, len(out.num_scheduled_tokens),
+                         int(out.total_num_scheduled_tokens))
+
+    def close_step(self, start_s: float, end_s: float) -> bool:
+        """Close the step that just returned at ``end_s`` (seconds from the replay start),
+        charged from ``start_s``; False when it scheduled nothing (it is then folded into the
+        next step, whose start stays ``start_s``)."""
+        pending, self._pending = self._pending, None
+        if pending is None or pending[5] == 0:
+            return False
+        self.rows.append((start_s, end_s, end_s - start_s) + pending)
+        return True
+
+    def frame(self) -> pd.DataFrame:
+        """The recorded steps (:data:`STEP_COLUMNS`)."""
+        df = pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
+        for c in STEP_COLUMNS[3:]:
+            df[c] = df[c].astype(np.int64)
+        return df
 
 
 def _configure_process_env() -> None:
@@ -186,6 +279,10 @@ class LiveEngine:
                       max_num_batched_tokens=config.max_num_batched_tokens,
                       max_model_len=config.resolved_max_model_len(), enforce_eager=True,
                       gpu_memory_utilization=0.2 if cpu else 0.9, seed=0)
+        if config.force_outputs:
+            from prefixshield.validate.forcing import make_processor_class
+
+            kwargs["logits_processors"] = [make_processor_class()]
         kwargs.update(config.llm_kwargs)
         # a policy left in the environment would be installed at construction: start native
         try:
@@ -271,11 +368,41 @@ class LiveEngine:
             "pool_class": f"{type(self.pool).__module__}.{type(self.pool).__name__}",
         }
 
+    def native(self) -> None:
+        """Remove the installed policy (vLLM's own block pool behaviour, prefix cache reset);
+        every block must be free. :meth:`replay` installs its policy again."""
+        self.pool.install_policy(None)
+
     # ------------------------------------------------------------------ replay
+    MAX_IDLE_STEPS = 200
+    """Consecutive steps that schedule nothing while nothing runs before the waiting head is
+    declared unservable (FCFS: nothing behind it can run either, so vLLM would wait forever)."""
+
+    def _abort_stuck(self, unfinished: list[str], index: dict[str, int], df: pd.DataFrame,
+                     policy_name: str) -> None:
+        """Abort the ``unfinished`` requests (external ids; the pool is free again afterwards)
+        and raise :class:`LiveError` naming the waiting head that can never be admitted."""
+        head = next(iter(self.scheduler.waiting), None)
+        what = "the waiting head"
+        if head is not None:
+            # vLLM's internal id is the external one plus "-" and 8 random characters
+            i = index.get(head.request_id.rsplit("-", 1)[0])
+            if i is not None:
+                what = (f"request {int(df['request_id'].iloc[i])} (group "
+                        f"{df['group'].iloc[i]}, {head.num_tokens} tokens)")
+        self.engine.abort_request(unfinished)
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+        raise LiveError(f"{what} can never be admitted: nothing is running and the pool under "
+                        f"policy {policy_name!r} does not grant its blocks "
+                        f"({self.MAX_IDLE_STEPS} empty steps); the simulator refuses such a "
+                        "trace too (e.g. a static quota smaller than one request)")
+
     def replay(self, trace: Trace, policy_name: str, serialize: bool = True,
                policy_args: dict | None = None, check_invariants: bool = False,
                max_groups: int | None = None,
-               progress: Callable[[int, int], None] | None = None) -> LiveResult:
+               progress: Callable[[int, int], None] | None = None,
+               force_outputs: bool | None = None) -> LiveResult:
         """Replay ``trace`` with ``policy_name`` installed; returns per-request records.
 
         Args:
@@ -287,6 +414,8 @@ class LiveEngine:
             max_groups: group slots (default: the trace's groups, named in order of first
                 appearance, as the simulator numbers them).
             progress: optional ``progress(done, total)``.
+            force_outputs: generate the simulator's output tokens (None: the engine's
+                ``force_outputs``; True needs an engine built with it).
         """
         from vllm import SamplingParams
 
@@ -312,17 +441,30 @@ class LiveEngine:
         cfg = plugin.PluginConfig.from_env(env)
         self.pool.install_policy(cfg)
 
+        force = self.config.force_outputs if force_outputs is None else force_outputs
+        if force and not self.config.force_outputs:
+            raise LiveError("forced outputs need an engine built with force_outputs=True (the "
+                            "logits processor is installed when vLLM starts)")
         prompts = []
         params = []
-        for row in df.itertuples(index=False):
+        expected: list[list[int] | None] = []
+        for i, row in enumerate(df.itertuples(index=False)):
             ids = prompt_token_ids(trace.seed, row.segment_ids, row.segment_lengths,
                                    trace.vocab_size)
             prompts.append({"prompt_token_ids": ids.tolist(), "cache_salt": str(row.group)})
             k = int(row.output_tokens)
+            extra = {plugin.EXTRA_CONTRACT: str(row.contract),
+                     plugin.EXTRA_PREFIX_ID: int(row.prefix_id)}
+            if force:
+                forced = output_token_ids(trace.seed, i, int(row.output_segment_id), k,
+                                          trace.vocab_size).tolist()
+                extra[EXTRA_FORCED_OUTPUT] = forced
+                expected.append(forced)
+            else:
+                expected.append(None)
             params.append(SamplingParams(
                 max_tokens=k, min_tokens=k, ignore_eos=True, temperature=0.0, detokenize=False,
-                extra_args={plugin.EXTRA_CONTRACT: str(row.contract),
-                            plugin.EXTRA_PREFIX_ID: int(row.prefix_id)}))
+                extra_args=extra))
         arrival = df["arrival_s"].to_numpy(np.float64)
         submit = np.full(n, np.nan)
         first = np.full(n, np.nan)
@@ -330,51 +472,85 @@ class LiveEngine:
         cached = np.full(n, -1, dtype=np.int64)
         generated = np.zeros(n, dtype=np.int64)
         ttft_metrics = np.full(n, np.nan)
+        mismatched: list[int] = []
         ids = [f"ps{self._counter}-{i}" for i in range(n)]
         self._counter += 1
         index = {rid: i for i, rid in enumerate(ids)}
         engine = self.engine
+        recorder = StepRecorder(self.scheduler)
         t0 = time.monotonic()
         nxt = 0
         done = 0
+        # Start of the time the next step is charged with (see StepRecorder): the end of the
+        # previous step while the engine stays busy, the wake-up arrival after an idle spell.
+        t_ref = 0.0
+        stalled = False
+        idle_steps = 0  # consecutive steps that scheduled nothing with nothing running
 
         def submit_one(i: int) -> None:
             submit[i] = time.monotonic() - t0
             engine.add_request(ids[i], prompts[i], params[i])
 
-        while nxt < n or engine.has_unfinished_requests():
-            if serialize:
-                if not engine.has_unfinished_requests():
-                    submit_one(nxt)
-                    nxt += 1
-            else:
-                now = time.monotonic() - t0
-                while nxt < n and arrival[nxt] <= now:
-                    submit_one(nxt)
-                    nxt += 1
-                if not engine.has_unfinished_requests():
-                    time.sleep(max(0.0, arrival[nxt] - (time.monotonic() - t0)))
-                    continue
-            outs = engine.step()
-            t = time.monotonic() - t0
-            for o in outs:
-                i = index.get(o.request_id)
-                if i is None:
-                    continue
-                ntok = len(o.outputs[0].token_ids) if o.outputs else 0
-                if ntok and np.isnan(first[i]):
-                    first[i] = t
-                stats = getattr(o, "metrics", None)
-                if stats is not None and getattr(stats, "first_token_latency", 0.0):
-                    ttft_metrics[i] = float(stats.first_token_latency)
-                if o.finished:
-                    finish[i] = t
-                    cached[i] = int(o.num_cached_tokens or 0)
-                    generated[i] = ntok
-                    done += 1
-                    if progress:
-                        progress(done, n)
+        with recorder:
+            while nxt < n or engine.has_unfinished_requests():
+                if serialize:
+                    if not engine.has_unfinished_requests():
+                        submit_one(nxt)
+                        t_ref = submit[nxt]
+                        nxt += 1
+                else:
+                    # Requests join at step boundaries, as in the simulator: those due by the
+                    # end of the last step while the engine is busy; after an idle spell, those
+                    # due by the waking arrival (a later one waits for the next boundary).
+                    # (A busy engine whose last step scheduled nothing waits like an idle one.)
+                    if engine.has_unfinished_requests() and not stalled:
+                        boundary = t_ref
+                    elif nxt < n and arrival[nxt] <= time.monotonic() - t0:
+                        boundary = t_ref = arrival[nxt]
+                    elif nxt < n and not engine.has_unfinished_requests():
+                        time.sleep(max(0.0, arrival[nxt] - (time.monotonic() - t0)))
+                        continue
+                    else:
+                        boundary = -1.0  # stalled, nothing due yet: step again
+                    while nxt < n and arrival[nxt] <= boundary:
+                        submit_one(nxt)
+                        nxt += 1
+                outs = engine.step()
+                t = time.monotonic() - t0
+                stalled = not recorder.close_step(t_ref, t)
+                if not stalled:
+                    t_ref = t
+                    idle_steps = 0
+                elif not self.scheduler.running:
+                    idle_steps += 1
+                    if idle_steps >= self.MAX_IDLE_STEPS:
+                        self._abort_stuck([ids[j] for j in range(nxt) if np.isnan(finish[j])],
+                                          index, df, policy_name)
+                for o in outs:
+                    i = index.get(o.request_id)
+                    if i is None:
+                        continue
+                    ntok = len(o.outputs[0].token_ids) if o.outputs else 0
+                    if ntok and np.isnan(first[i]):
+                        first[i] = t
+                    stats = getattr(o, "metrics", None)
+                    if stats is not None and getattr(stats, "first_token_latency", 0.0):
+                        ttft_metrics[i] = float(stats.first_token_latency)
+                    if o.finished:
+                        finish[i] = t
+                        cached[i] = int(o.num_cached_tokens or 0)
+                        generated[i] = ntok
+                        if expected[i] is not None and list(o.outputs[0].token_ids) != expected[i]:
+                            mismatched.append(i)
+                        done += 1
+                        if progress:
+                            progress(done, n)
         wall = time.monotonic() - t0
+        if mismatched:
+            i = mismatched[0]
+            raise LiveError(f"{len(mismatched)} request(s) did not generate their forced output "
+                            f"tokens (first: request {int(df['request_id'].iloc[i])}); the forced-"
+                            "output logits processor is not in effect")
         if check_invariants:
             self.pool.check_invariants()
         free = self.pool.free_block_queue.num_free_blocks
@@ -404,9 +580,11 @@ class LiveEngine:
             "e2e_s": finish - since,
             "ttft_vllm_metrics_s": ttft_metrics,
         })
+        facts = self.facts()
+        facts["forced_outputs"] = bool(force)
         return LiveResult(records=records, policy=policy_name, serialize=serialize,
-                          facts=self.facts(), pool_stats=self.pool.prefixshield_stats(),
-                          wall_s=wall)
+                          facts=facts, pool_stats=self.pool.prefixshield_stats(),
+                          wall_s=wall, steps=recorder.frame())
 
 
 def replay_live(trace: Trace, policy_name: str, model_dir: str, num_blocks: int,

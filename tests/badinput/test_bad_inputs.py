@@ -112,6 +112,18 @@ CASES = [
                              "{tmp}/o.parquet"], "no such file"),
     ("import bad json", ["trace", "import", "mooncake", "{tmp}/bad.jsonl", "{tmp}/o.parquet"],
      "line 2"),
+    # --- validate / validate-matrix: refused before vLLM starts
+    ("validate no profile", ["validate", "one_touch", "--out", "{tmp}/v"], "--calibrate"),
+    ("validate both", ["validate", "one_touch", "--calibrate", "--profile", "cpu-tiny-qwen2",
+                       "--out", "{tmp}/v"], "drop --profile"),
+    ("validate bad set", ["validate", "one_touch", "--profile", "cpu-tiny-qwen2", "--set",
+                          "colour=red", "--out", "{tmp}/v"], "colour"),
+    ("validate bad profile", ["validate", "one_touch", "--profile", "{tmp}/neg.toml", "--out",
+                              "{tmp}/v"], "a_s"),
+    ("matrix workload", ["validate-matrix", "-w", "borrowing", "--profile", "cpu-tiny-qwen2",
+                         "--out", "{tmp}/m"], "unknown matrix workload"),
+    ("matrix bad set", ["validate-matrix", "--profile", "cpu-tiny-qwen2", "--set", "x=1",
+                        "--out", "{tmp}/m"], "unknown parameter"),
 ]
 
 

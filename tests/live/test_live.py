@@ -64,8 +64,9 @@ def test_lru_live_cached_tokens_equal_the_simulator_request_by_request(live_engi
     report = compare_with_sim(live, one_touch_trace, COST, check_invariants=True)
     req = report.requests
     assert req["cached_vllm"].tolist() == req["cached_sim"].tolist()
-    assert report.agreement == {"requests": len(one_touch_trace), "equal": len(one_touch_trace),
-                                "fraction": 1.0}
+    n = len(one_touch_trace)
+    assert report.agreement == {"requests": n, "equal": n, "fraction": 1.0,
+                                "equal_steps": n, "fraction_steps": 1.0}
     assert req["cached_vllm"].sum() > 0                              # there were hits
     t = report.table.set_index("metric")
     assert t.loc["evictions (cached blocks reclaimed)", "vllm"] == \
@@ -99,11 +100,12 @@ def test_report_is_written_as_markdown_csv_and_json(live_engine, one_touch_trace
     live = serialized_run(live_engine, one_touch_trace, "lru")
     report = compare_with_sim(live, one_touch_trace, COST)
     paths = write_report(report, tmp_path / "out")
-    md, csv, js, reqs = (p.read_text() for p in paths)
+    md, csv, js, reqs, steps = (p.read_text() for p in paths)
     assert "| Metric | vLLM | Sim | Diff% |" in md and "P95 TTFT (ms)" in md
     assert "| num_gpu_blocks | 40 |" in md
     table = pd.read_csv(paths[1])
-    assert list(table.columns) == ["metric", "vllm", "sim", "diff_pct", "unit"]
+    assert list(table.columns) == ["metric", "vllm", "sim", "diff_pct", "sim_steps",
+                                   "steps_diff_pct", "unit"]
     data = json.loads(js)
     assert data["agreement"]["fraction"] == 1.0 and data["facts"]["block_size"] == 32
     assert data["meta"]["policy"] == "lru" and data["disagreements"] == []
