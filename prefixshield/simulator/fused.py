@@ -164,6 +164,15 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
+@njit(cache=True, inline="always")
+def _schedule_engine_event(ctl, fctl, t):
+    """The engine's pending event fires at ``t`` with the next SimPy event id (ties between
+    events at the same time go to the smaller id, as SimPy orders them)."""
+    fctl[TE] = t
+    ctl[EE] = ctl[EID]
+    ctl[EID] += 1
+
+
 @njit(cache=True, _nrt=False)
 def _free_request(r, ctl, now, state, table, table_off, ref_cnt, block_hash, owner, occupancy,
                   freed, cached, order, prev, nxt, member, length):
@@ -389,9 +398,7 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, state, materialized, t
             ctl[STEP_PREEMPTED] = preempted
             ctl[STEP_ADMITTED] = admitted
             ctl[STEP_HEAD_BLOCKED] = head_blocked
-            fctl[TE] = now + dt
-            ctl[EE] = ctl[EID]
-            ctl[EID] += 1
+            _schedule_engine_event(ctl, fctl, now + dt)
             ctl[ESTATE] = E_STEP
             continue
         if es == E_AFTER_STEP:
@@ -409,9 +416,7 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, state, materialized, t
                                                    bounded)
                     ctl[NUM_EVENTS] += 1
                     ctl[JUMP_K] = k
-                    fctl[TE] = now + seconds
-                    ctl[EE] = ctl[EID]
-                    ctl[EID] += 1
+                    _schedule_engine_event(ctl, fctl, now + seconds)
                     ctl[ESTATE] = E_JUMP
             continue
         # ---- the engine waits: process the earlier of the two pending events
@@ -429,9 +434,7 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, state, materialized, t
                 ctl[NEXT_ARRIVAL] = a + 1
                 if ctl[ESTATE] == E_IDLE and ctl[WAKE_SCHED] == 0:
                     ctl[WAKE_SCHED] = 1
-                    fctl[TE] = now
-                    ctl[EE] = ctl[EID]
-                    ctl[EID] += 1
+                    _schedule_engine_event(ctl, fctl, now)
                 if a + 1 >= n:
                     ctl[EID] += 1  # the process ends (SimPy schedules its Process event)
                     break

@@ -96,8 +96,7 @@ def at_arrivals(trace: Trace, arrival_s: np.ndarray) -> Trace:
 
 def simulate(trace: Trace, policy_name: str, config: EngineConfig, cost: CostModel,
              serialize: bool = True, policy_args: dict | None = None,
-             not_before: np.ndarray | None = None, bound_cost: CostModel | None = None,
-             step_by_step: bool = False) -> RunResult:
+             not_before: np.ndarray | None = None, step_by_step: bool = False) -> RunResult:
     """Run ``trace`` in the simulator under ``policy_name`` (serialized arrivals if asked).
 
     Args:
@@ -106,14 +105,14 @@ def simulate(trace: Trace, policy_name: str, config: EngineConfig, cost: CostMod
         config: engine settings (use ``vllm_compat="current"`` to compare with vLLM >= 0.28).
         cost: step-time model (a :class:`CostModel`, or a
             :class:`~prefixshield.validate.steptimes.RecordedStepTimes` with ``step_by_step``).
-        serialize: rewrite arrivals with :func:`serialize_trace` first.
+        serialize: rewrite arrivals with :func:`serialize_trace` first (bounded with ``cost``:
+            a plain :class:`CostModel` then).
         policy_args: keyword arguments for ``make_policy``.
         not_before: see :func:`serialize_trace`.
-        bound_cost: the cost model the serialized arrivals are bounded with (default ``cost``).
         step_by_step: run the step-by-step engine with no decode-step coalescing, so ``cost``
             is asked once per step, in order (same results as the default engine).
     """
-    tr = serialize_trace(trace, bound_cost or cost, config, not_before) if serialize else trace
+    tr = serialize_trace(trace, cost, config, not_before) if serialize else trace
     policy = make_policy(policy_name, config.num_blocks, vllm_compat=config.vllm_compat,
                          **(policy_args or {}))
     if step_by_step:
@@ -171,12 +170,6 @@ def _sim_eviction_counts(result: RunResult) -> tuple[dict, dict]:
     caused = {g: int(ev[i].sum()) for i, g in enumerate(result.groups)}
     suffered = {g: int(ev[:, i].sum()) for i, g in enumerate(result.groups)}
     return caused, suffered
-
-
-def _cost_dict(cost) -> dict:
-    if dataclasses.is_dataclass(cost):
-        return dataclasses.asdict(cost)
-    return cost.to_dict()
 
 
 def compare(live, sim: RunResult, config: EngineConfig, cost: CostModel,
@@ -299,7 +292,7 @@ def compare(live, sim: RunResult, config: EngineConfig, cost: CostModel,
         "serialize": live.serialize,
         "live_wall_s": live.wall_s,
         "sim_engine": config.to_dict(),
-        "cost_model": _cost_dict(cost),
+        "cost_model": dataclasses.asdict(cost),
         "cost_source": cost_source or {},
         "live_pool_stats": ps,
         "sim_policy_stats": sim.policy_stats,

@@ -9,15 +9,17 @@ module level, so either interpreter can import it.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 
-class ManagerCalls:
+
+class ManagerCalls(ABC):
     """Admission, chunks, decode tokens, frees and observations of one ``KVCacheManager``
     (``self.mgr``, with pool ``self.pool``). A subclass gives :meth:`_allocate_admission`, the
     admission call of its vLLM version."""
 
+    @abstractmethod
     def _allocate_admission(self, req, num_new: int, num_hit: int, computed):
         """vLLM's ``allocate_slots`` for a waiting request (None: it does not fit)."""
-        raise NotImplementedError
 
     def admit(self, req, num_new_max: int) -> tuple[bool, int, int]:
         """Schedule a waiting request: (admitted, cached tokens, tokens scheduled)."""

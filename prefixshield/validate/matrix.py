@@ -265,20 +265,8 @@ def _metric(table: list[dict], name: str) -> dict:
     return {}
 
 
-def _residuals_from_log(meta: dict, cell_dir: Path) -> dict | None:
-    """The profile's step-time residuals recomputed from a cell's ``sim_vs_live_steps.csv``
-    (for reports written before they were split by step kind)."""
-    from prefixshield.simulator.costmodel import CostModel
-    from prefixshield.validate.steptimes import profile_residuals
-
-    path = cell_dir / "sim_vs_live_steps.csv"
-    if not path.exists() or not isinstance(meta.get("cost_model"), dict):
-        return None
-    return profile_residuals(pd.read_csv(path), CostModel(**meta["cost_model"]))
-
-
-def summary_row(cell_label: str, data: dict, cell_dir: Path | None = None) -> dict[str, Any]:
-    """One summary row from a cell's ``sim_vs_live.json`` (and its step log in ``cell_dir``)."""
+def summary_row(cell_label: str, data: dict) -> dict[str, Any]:
+    """One summary row from a cell's ``sim_vs_live.json``."""
     t = data["table"]
     a = data["agreement"]
     meta = data["meta"]
@@ -302,8 +290,6 @@ def summary_row(cell_label: str, data: dict, cell_dir: Path | None = None) -> di
     row["profile_median_abs_err"] = res.get("median_abs_rel_error")
     row["profile_p95_abs_err"] = res.get("p95_abs_rel_error")
     row["profile_median_err"] = res.get("median_rel_error")
-    if "prefill_steps" not in res and cell_dir is not None:
-        res = _residuals_from_log(meta, Path(cell_dir)) or res
     row["profile_prefill_err"] = res.get("prefill_median_rel_error")
     row["profile_decode_err"] = res.get("decode_median_rel_error")
     row["cost_source"] = (meta.get("cost_source") or {}).get("name")
@@ -470,7 +456,7 @@ def run_matrix(cells: list[ValidationCell], out_dir: str | Path, profile: str | 
             data = json.loads(report_json.read_text())
             _check_same_cell(report_json, data, cell, profile, calibrate)
             facts = facts or data.get("facts")
-            rows.append(summary_row(cell.label, data, cell_dir))
+            rows.append(summary_row(cell.label, data))
             if on_cell:
                 on_cell(k + 1, len(cells), cell.label)
     finally:

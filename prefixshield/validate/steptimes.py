@@ -78,11 +78,6 @@ class RecordedStepTimes:
         return {"live_steps": int(len(live)), "sim_steps": int(len(sim)), "compared": int(m),
                 "identical": int(same.sum()), "first_difference": first}
 
-    def to_dict(self) -> dict:
-        """What this cost model is, for a report's metadata."""
-        return {"kind": "recorded live step times", "live_steps": int(len(self.seconds)),
-                "fallback": dict(zip([t for t, _ in TERMS], _coefficients(self.fallback)))}
-
 
 def _coefficients(cost: CostModel) -> list[float]:
     return [float(getattr(cost, t)) for t, _ in TERMS]
