@@ -102,16 +102,28 @@ def wall(fn: Callable[[], Any]) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
-def best_of_interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, float]:
+def best_of_interleaved(fns: dict[str, Callable[[], Any]], repeats: int,
+                        outputs: dict[str, Any] | None = None) -> dict[str, float]:
     """Least wall seconds of each of ``fns`` over ``repeats`` rounds, the functions interleaved
-    within each round (so a burst of load on a shared machine hits all of them alike)."""
+    within each round (so a burst of load on a shared machine hits all of them alike).
+
+    ``outputs``, when given, receives each function's return value of the first round; a later
+    round that returns another value raises ``AssertionError`` (timed work must be
+    deterministic, or the rounds did not time the same thing)."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     best = {k: math.inf for k in fns}
-    for _ in range(repeats):
+    for round_no in range(repeats):
         for k, fn in fns.items():
-            _, dt = wall(fn)
+            out, dt = wall(fn)
             best[k] = min(best[k], dt)
+            if outputs is None:
+                continue
+            if round_no == 0:
+                outputs[k] = out
+            elif out != outputs[k]:
+                raise AssertionError(f"{k}: round {round_no + 1} returned {out!r}, round 1 "
+                                     f"{outputs[k]!r}")
     return best
 
 

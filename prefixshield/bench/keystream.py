@@ -13,6 +13,10 @@ tests) at 4,096 and 65,536 objects; 10M requests each (``--quick``: 20,000).
   same keys written as an oracleGeneral binary file (C from the first request to the last; the
   file is in the page cache), ``hashpower = floor(log2(capacity)) + 1``; PrefixShield's anchor is
   libCacheSim's LRU on the same requests. Equal hit counts are asserted for LRU and S3-FIFO.
+
+Each pair (ours, its anchor) is timed :data:`REPEATS` times, alternating, and the least wall time
+of each is kept (``--quick``: once): a single shot of each on a shared machine measured the same
+code anywhere from 1.7x to 5.3x, depending on which side a burst of load fell.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from prefixshield.bench.common import Column, SectionResult, Tick, no_progress, ratio, wall
+from prefixshield.bench.common import (Column, SectionResult, Tick, best_of_interleaved,
+                                       no_progress, ratio, wall)
 
 ORACLE_GENERAL = np.dtype([("t", "<u4"), ("id", "<u8"), ("size", "<u4"), ("next", "<i8")])
 """libCacheSim's oracleGeneral record: timestamp, object id, size, next access (-1: unknown)."""
@@ -32,6 +37,8 @@ FULL_REQUESTS = 10_000_000
 QUICK_REQUESTS = 20_000
 PREFIXSHIELD_GROUPS = 32
 CAPACITIES = (4096, 65536)
+REPEATS = 3
+"""Rounds of each (ours, anchor) pair in a full run; the least wall time of each is kept."""
 TARGET_LRU_S3FIFO = 3.0
 """Issue 10: LRU and S3-FIFO replay >= 3x libCacheSim's C path."""
 TARGET_PREFIXSHIELD = 1.0
@@ -127,6 +134,14 @@ def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
     from prefixshield.simulator.cachedriver import replay_keys
 
     n = QUICK_REQUESTS if quick else FULL_REQUESTS
+    repeats = 1 if quick else REPEATS
+
+    def row(label, capacity, ours, theirs, hits, t_ours, t_c) -> dict:
+        return {"trace": label, "capacity": capacity, "policy": ours, "anchor": theirs,
+                "requests": n, "hit_ratio": hits / n, "ours_req_per_s": n / t_ours,
+                "c_req_per_s": n / t_c, "ours_over_c": ratio(t_c, t_ours), "ours_s": t_ours,
+                "c_s": t_c}
+
     groups_all = [f"g{i}" for i in range(PREFIXSHIELD_GROUPS)]
     res = SectionResult(
         "keystream", f"key-stream replay vs libCacheSim's C path ({n:,} requests)",
@@ -149,36 +164,36 @@ def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
                 write_oracle_general(keys, path)
                 for ours, theirs, cls in (("lru", "LRU", libcachesim.LRU),
                                           ("s3fifo", "S3FIFO", libcachesim.S3FIFO)):
-                    hits, t_ours = wall(lambda: int(replay_keys(
-                        make_policy(ours, capacity + 1), keys).sum()))
-                    c_hits, t_c = libcachesim_c(cls, capacity, path, n)
-                    if hits != c_hits:
-                        raise AssertionError(f"{ours} at {capacity} on {label}: {hits} hits, "
-                                             f"libCacheSim {theirs} {c_hits}")
-                    res.rows.append({"trace": label, "capacity": capacity, "policy": ours,
-                                     "anchor": theirs, "requests": n, "hit_ratio": hits / n,
-                                     "ours_req_per_s": n / t_ours, "c_req_per_s": n / t_c,
-                                     "ours_over_c": ratio(t_c, t_ours), "ours_s": t_ours,
-                                     "c_s": t_c})
+                    got: dict = {}
+                    best = best_of_interleaved(
+                        {"ours": lambda: int(replay_keys(make_policy(ours, capacity + 1),
+                                                         keys).sum()),
+                         "c": lambda: libcachesim_c(cls, capacity, path, n)[0]}, repeats, got)
+                    if got["ours"] != got["c"]:
+                        raise AssertionError(f"{ours} at {capacity} on {label}: {got['ours']} "
+                                             f"hits, libCacheSim {theirs} {got['c']}")
+                    res.rows.append(row(label, capacity, ours, theirs, got["ours"],
+                                        best["ours"], best["c"]))
                 groups = keys % PREFIXSHIELD_GROUPS
-                hits, t_ours = wall(lambda: int(prefixshield_replay(
-                    capacity + 1, keys, groups, groups_all).sum()))
-                _, t_c = libcachesim_c(libcachesim.LRU, capacity, path, n)
-                res.rows.append({"trace": label, "capacity": capacity,
-                                 "policy": f"prefixshield ({PREFIXSHIELD_GROUPS} groups)",
-                                 "anchor": "LRU", "requests": n, "hit_ratio": hits / n,
-                                 "ours_req_per_s": n / t_ours, "c_req_per_s": n / t_c,
-                                 "ours_over_c": ratio(t_c, t_ours), "ours_s": t_ours,
-                                 "c_s": t_c})
+                got = {}
+                best = best_of_interleaved(
+                    {"ours": lambda: int(prefixshield_replay(capacity + 1, keys, groups,
+                                                             groups_all).sum()),
+                     "c": lambda: libcachesim_c(libcachesim.LRU, capacity, path, n)[0]},
+                    repeats, got)
+                res.rows.append(row(label, capacity,
+                                    f"prefixshield ({PREFIXSHIELD_GROUPS} groups)", "LRU",
+                                    got["ours"], best["ours"], best["c"]))
     res.extra.update(target_lru_s3fifo_over_c=TARGET_LRU_S3FIFO,
                      target_prefixshield_over_c_lru=TARGET_PREFIXSHIELD)
     for pol, target in (("lru", TARGET_LRU_S3FIFO), ("s3fifo", TARGET_LRU_S3FIFO),
                         ("prefixshield", TARGET_PREFIXSHIELD)):
-        got = [r["ours_over_c"] for r in res.rows if r["policy"].startswith(pol)]
+        ratios = [r["ours_over_c"] for r in res.rows if r["policy"].startswith(pol)]
         res.notes.append(f"target {pol}: >= {target:g}x libCacheSim's C path; measured "
-                         f"{min(got):.2f}-{max(got):.2f}x")
+                         f"{min(ratios):.2f}-{max(ratios):.2f}x")
     res.notes.append("anchor: libCacheSim process_trace over the same keys from an oracleGeneral "
                      "file; equal hit counts asserted for LRU and S3-FIFO; PrefixShield runs its "
                      "one-kernel batch replay (the per-request driver's decisions, tested equal) "
                      "against libCacheSim's LRU")
+    res.notes.append(f"times: least of {repeats} alternating run(s) of ours and the anchor")
     return res

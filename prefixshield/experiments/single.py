@@ -28,7 +28,6 @@ from prefixshield.simulator.costmodel import Profile
 from prefixshield.simulator.engine import Engine, EngineError, RunResult
 from prefixshield.simulator.metrics import eviction_matrix, group_table, occupancy_frame, summarize
 from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
-from prefixshield.traces.io import read_trace, write_trace
 from prefixshield.traces.schema import Trace
 from prefixshield.workloads import WORKLOADS, make_params, params_to_dict
 
@@ -151,6 +150,10 @@ def resolve_params(spec: RunSpec) -> tuple[Any, dict]:
 def build_trace(spec: RunSpec) -> tuple[Trace, dict]:
     """The trace for ``spec`` and a dict saying how it was obtained (written with the results)."""
     if is_trace_file(spec.workload):
+        # Parquet I/O (pyarrow.parquet, its file systems, ssl) only when a file is read/written:
+        # ~10 ms of every generated-workload run otherwise.
+        from prefixshield.traces.io import read_trace
+
         trace, info = read_trace(spec.workload), {"trace_file": str(spec.workload)}
         if spec.scale_to_load is not None:
             trace, info = _scale_to_engine(trace, spec, info)
@@ -293,6 +296,8 @@ def write_outputs(out_dir: str | Path, spec: RunSpec, trace: Trace, trace_info: 
     keep the old policies' folders); ``summary.csv`` lists failed policies with their reason.
     ``extra(tmp_folder)`` may add files (e.g. figures) before the swap. Returns the final paths.
     """
+    from prefixshield.traces.io import write_trace
+
     out = check_out_dir(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".new", dir=out.parent))

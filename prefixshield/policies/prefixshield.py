@@ -267,7 +267,7 @@ class PrefixShieldPolicy(Policy):
               ("t0", "t0"), ("charged", "charged"), ("materialized", "materialized"),
               ("cls_count", "class_count"), ("granted", "granted"), ("gated", "gated"),
               ("in_debt", "in_debt"), ("evictions", "evictions"),
-              ("evicted_class", "evicted_class"), ("P", "_P"), ("W", "_W"), ("heap", "_heap"),
+              ("evicted_class", "evicted_class"), ("P", "_P"), ("ub", "_ub"), ("heap", "_heap"),
               ("glen", "_glen"), ("gnxt", "_gnxt"), ("gmember", "_gmember"), ("qnxt", "_qnxt"),
               ("qlen", "_qlen"), ("ctl", "_ctl"), ("fctl", "_fctl"))
     """(field, attribute): the numpy views of the packed state the Python side reads."""
@@ -284,19 +284,20 @@ class PrefixShieldPolicy(Policy):
         # are of arrays this object holds
         self._new_chunk(0)
         self._state_addr = self._state.ctypes.data
+        self._state_nbytes = self._state.shape[0]
         if self._ctl[K.C_N] == self.num_blocks:  # sizes written (else _build connects it)
             self._connect_select()
 
     def _connect_select(self) -> None:
-        self._select_at = entry_point(K.select_at, self._state_addr, self._state.shape[0], 0,
+        self._select_at = entry_point(K.select_at, self._state_addr, self._state_nbytes, 0,
                                       0.0, 0, self._out_addr, 0)
 
     def __getstate__(self) -> dict:
         """Pickle/deepcopy: the buffer and the plain attributes (views, addresses and the
         compiled entry are rebuilt over the copy's own buffer)."""
         derived = {attr for _, attr in self._VIEWS} | {
-            "_packed", "_state_addr", "_select_at", "_out", "_out_addr", "_out_off",
-            "_history_start"}
+            "_packed", "_state_addr", "_state_nbytes", "_select_at", "_out", "_out_addr",
+            "_out_off", "_history_start"}
         return {k: v for k, v in self.__dict__.items() if k not in derived}
 
     def __setstate__(self, state: dict) -> None:
@@ -403,7 +404,7 @@ class PrefixShieldPolicy(Policy):
         if off + n > self._OUT_CHUNK:
             self._new_chunk(n)
             off = 0
-        got = self._select_at(self._state_addr, self._state.shape[0], n, now, requester,
+        got = self._select_at(self._state_addr, self._state_nbytes, n, now, requester,
                               self._out_addr, off)
         if got < 0:
             self._select_error(got, n, requester)

@@ -59,7 +59,6 @@ from numba.typed import Dict
 
 from prefixshield.policies.base import Policy, register_policy
 from prefixshield.policies.kernels import s3fifo_kernels as k
-from prefixshield.policies.kernels.hashtable import table_bits
 from prefixshield.policies.kernels.linkedlist import LinkedLists
 
 
@@ -223,8 +222,10 @@ class S3FIFOPolicy(Policy):
             block_of: numba typed Dict content key -> block (updated).
             key_of: int64 per block, its content key or -1 (updated).
             fused: run :func:`~prefixshield.policies.kernels.s3fifo_kernels.replay_keys_fused`
-                (the miss path inlined, array hash tables) when its preconditions hold (every key
-                >= 0, no block pinned); False (or preconditions unmet) runs
+                (the miss path inlined, one array hash table for cached and ghost keys) when its
+                preconditions hold (every key >= 0, no block pinned, a state the pure driver
+                leaves: ``block_of`` maps exactly the queued blocks); False (or preconditions
+                unmet) runs
                 :func:`~prefixshield.policies.kernels.s3fifo_kernels.replay_keys`, which calls the
                 policy's own kernels per request -- the oracle the fused kernel is tested equal to.
 
@@ -234,17 +235,16 @@ class S3FIFOPolicy(Policy):
         q = self._lists
         hits = np.zeros(keys.shape[0], dtype=np.bool_)
         pinned = self._cnt[k.SMALL] or self._cnt[k.MAIN] or self._in_use.any()
+        bad = -1
         if fused and not pinned and (keys.shape[0] == 0 or int(keys.min()) >= 0):
-            bbits = table_bits(self.num_blocks + len(block_of))
-            gbits = table_bits(self.ghost_size + 2 + len(self._gmap))
+            bits, ring_len = k.fused_table_sizes(self.num_blocks, self.ghost_size,
+                                                 len(self._gmap))
             bad = k.replay_keys_fused(
                 keys, hits, block_of, key_of, q.prev, q.nxt, q.member, q.length, q.num_blocks,
                 self._freq, self._key, self._cnt, self._params, self._gkeys, self._gpos,
-                self._gmap, np.full(1 << bbits, -1, dtype=np.int64),
-                np.zeros(1 << bbits, dtype=np.int32), bbits, np.zeros(1 << gbits, dtype=np.int64),
-                np.full(1 << gbits, -1, dtype=np.int64), np.zeros(1 << gbits, dtype=np.int64),
-                gbits)
-        else:
+                self._gmap, np.full(2 << bits, -1, dtype=np.int64), bits,
+                np.zeros(self.num_blocks, dtype=np.int64), np.zeros(ring_len, dtype=np.int64))
+        if bad < 0:  # not fused, or a state the fused kernel does not take (it changed nothing)
             bad = k.replay_keys(keys, hits, block_of, key_of, q.prev, q.nxt, q.member, q.length,
                                 q.num_blocks, self._freq, self._in_use, self._key, self._cnt,
                                 self._params, self._gkeys, self._gpos, self._gmap, self.freq_cap,

@@ -12,10 +12,33 @@
 Synthetic workload generators live in :mod:`prefixshield.workloads`.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
-from prefixshield.traces.importers import import_azure, import_mooncake, import_sharegpt
-from prefixshield.traces.io import read_trace, write_trace
 from prefixshield.traces.schema import TRACE_COLUMNS, Trace, TraceError
+
+# Importers and Parquet I/O load on first use (PEP 562): every layer imports this package (for
+# ``Contract``), and ``.io`` pulls in pyarrow.parquet with its file systems and ssl, ~0.01 CPU-s
+# of every `prefixshield run` that reads and writes no file.
+_LAZY = {"import_azure": "importers", "import_mooncake": "importers",
+         "import_sharegpt": "importers", "read_trace": "io", "write_trace": "io"}
+
+
+def __getattr__(name: str) -> Any:
+    """``import_azure``, ``import_mooncake``, ``import_sharegpt`` (from :mod:`.importers`),
+    ``read_trace``, ``write_trace`` (from :mod:`.io`), and those two modules themselves, imported
+    when first asked for (they were attributes of the package before they became lazy)."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    elif name in _LAZY.values():
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 __all__ = [
     "Contract", "DEFAULT_CONTRACTS", "TRACE_COLUMNS", "Trace", "TraceError", "import_azure",

@@ -5,6 +5,7 @@ reaches the policy, and misconfiguration or a broken policy is a clear error."""
 from __future__ import annotations
 
 import os
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -51,6 +52,54 @@ def test_every_policy_keeps_vllm_invariants(policy, seed):
     assert any(o[0] == "admit" and o[2] for o in obs)
     stats = pool.prefixshield_stats()
     assert stats["policy"] == policy and stats["groups"] == GROUPS
+
+
+def test_allocate_slots_takes_vllms_own_parameters():
+    # the fast wrapper names vLLM 0.32.0's parameters (by name in, by position on); it is the
+    # one in use only where vLLM's signature is the same, else the *args/**kwargs wrapper is
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    assert plugin._same_parameters(plugin._allocate_slots_0_32, KVCacheManager.allocate_slots)
+    assert plugin.PolicyKVCacheManager.allocate_slots is plugin._allocate_slots_0_32
+    assert not plugin._same_parameters(plugin._allocate_slots_0_32, plugin._allocate_slots_any)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_the_generic_allocate_slots_wrapper_is_vllm_block_for_block(monkeypatch, seed):
+    # what runs on a vLLM whose allocate_slots signature differs: same blocks, same requester
+    native = Side(36, 16)
+    fast = Side(36, 16, env("lru", check_invariants=True))
+    monkeypatch.setattr(plugin.PolicyKVCacheManager, "allocate_slots", plugin._allocate_slots_any)
+    generic = Side(36, 16, env("lru", check_invariants=True))
+    expected = run_stream(native, seed)
+    assert run_stream(generic, seed) == expected
+    monkeypatch.undo()
+    assert run_stream(fast, seed) == expected
+    assert generic.free_queue() == fast.free_queue() == native.free_queue()
+    assert generic.pool.eviction_table() == fast.pool.eviction_table()
+    assert generic.pool.occupancy() == fast.pool.occupancy()
+
+
+def test_reuse_watchers_see_the_victims_as_vllm_hands_them_out():
+    # unpinned blocks (KV connectors) carry a watcher: vLLM calls it after the block left the
+    # free queue and before its hash is dropped; the pool keeps that order (two passes then)
+    def run(side):
+        pool = side.pool
+        req = side.make_request("a", list(range(64)), "tenant-a")   # 4 full blocks, cached
+        assert side.admit(req, 1 << 20)[0]
+        seen = []
+        pinned = [pool.blocks[b] for b in side.block_ids(req)]
+        pool.unpin_blocks(pinned, lambda blk: seen.append(
+            (blk.block_id, blk.ref_cnt, blk.block_hash is not None, blk.prev_free_block)))
+        serving = pool.serving(req) if isinstance(pool, plugin.PolicyBlockPool) else nullcontext()
+        with serving:
+            got = [blk.block_id for blk in pool.get_new_blocks(pool.get_num_free_blocks())]
+        return seen, got, [(b.block_id, b.ref_cnt, b.block_hash) for b in pool.blocks]
+
+    native = run(Side(12, 16))
+    ours = run(Side(12, 16, env("lru", check_invariants=True)))
+    assert ours == native
+    assert len(native[0]) == 4 and all(s[1:] == (0, True, None) for s in native[0])
 
 
 def test_static_quota_refuses_a_group_at_its_quota_while_blocks_are_free():

@@ -1,5 +1,6 @@
-"""S3-FIFO's fused whole-stream replay (array hash tables, miss path inlined) makes the decisions
-of the call-by-call replay kernel, request for request, and leaves the same state."""
+"""S3-FIFO's fused whole-stream replay (one array hash table for cached and ghost keys, miss path
+inlined) makes the decisions of the call-by-call replay kernel, request for request, and leaves
+the same state; a state it does not take is left to the call-by-call kernel untouched."""
 
 import numpy as np
 import pytest
@@ -67,3 +68,61 @@ def test_a_pinned_block_or_a_negative_key_falls_back_to_the_call_by_call_kernel(
     r, bo2, ko2 = fresh(20)
     keys = np.array([-5, 3, -5, 4, 3], dtype=np.int64)
     assert np.array_equal(q.replay_keys(keys, bo, ko), r.replay_keys(keys, bo2, ko2, fused=False))
+
+
+def test_fused_replay_trims_the_ghost_slack_an_uncached_allocation_left():
+    # select_victims appends the reclaimed keys untrimmed; released uncached, their blocks are
+    # truly free again and the ghost holds more than ghost_size keys until the next miss trims it
+    capacity = 100
+    keys = (np.random.default_rng(5).zipf(1.2, 20_000) % (5 * capacity)).astype(np.int64)
+    runs = []
+    for fused in (True, False):
+        p, bo, ko = fresh(capacity)
+        p.replay_keys(keys[:10_000], bo, ko, fused=False)
+        taken = p.select_victims(10, 0.0, 0)
+        p.on_release(taken, np.zeros(10, dtype=np.bool_), 0.0)
+        for b in taken:  # the driver forgets the reclaimed content
+            del bo[int(ko[b])]
+            ko[b] = -1
+        assert p.stats()["ghost_keys"] > p.ghost_size
+        runs.append((p.replay_keys(keys[10_000:], bo, ko, fused=fused), p, bo, ko))
+    (hf, fast, bo_f, ko_f), (hs, slow, bo_s, ko_s) = runs
+    assert np.array_equal(hf, hs)
+    assert dict(bo_f) == dict(bo_s) and np.array_equal(ko_f, ko_s)
+    assert_same_state(fast, slow)
+
+
+def test_the_fused_kernel_refuses_a_state_the_pure_driver_did_not_leave_and_changes_nothing():
+    # content cached through the per-request calls is absent from block_of: the one-table
+    # kernel cannot know the key of that queued block, so it returns -1 and the wrapper runs
+    # the call-by-call kernel
+    from prefixshield.policies.kernels import s3fifo_kernels as k
+
+    def setup():
+        p, bo, ko = fresh(20)
+        for key in (7, 8):
+            b = p.select_victims(1, 0.0, 0)
+            p.on_materialize(b, np.array([key], dtype=np.uint64), 0, 0, 0, 0.0)
+            p.on_release(b, np.ones(1, dtype=np.bool_), 0.0)
+        return p, bo, ko
+
+    p, bo, ko = setup()
+    q = p._lists
+    before = [a.copy() for a in (q.prev, q.nxt, q.member, q.length, p._freq, p._key, p._cnt,
+                                 p._gkeys, p._gpos)]
+    keys = np.arange(100, 160, dtype=np.int64) % 30
+    hits = np.zeros(keys.shape[0], dtype=np.bool_)
+    bits, ring_len = k.fused_table_sizes(p.num_blocks, p.ghost_size, len(p._gmap))
+    got = k.replay_keys_fused(keys, hits, bo, ko, q.prev, q.nxt, q.member, q.length, q.num_blocks,
+                              p._freq, p._key, p._cnt, p._params, p._gkeys, p._gpos, p._gmap,
+                              np.full(2 << bits, -1, dtype=np.int64), bits,
+                              np.zeros(p.num_blocks, dtype=np.int64),
+                              np.zeros(ring_len, dtype=np.int64))
+    assert got == -1 and not hits.any() and len(bo) == 0 and (ko == -1).all()
+    after = (q.prev, q.nxt, q.member, q.length, p._freq, p._key, p._cnt, p._gkeys, p._gpos)
+    assert all(np.array_equal(x, y) for x, y in zip(before, after))
+    slow, bo_s, ko_s = setup()
+    assert np.array_equal(p.replay_keys(keys, bo, ko), slow.replay_keys(keys, bo_s, ko_s,
+                                                                        fused=False))
+    assert dict(bo) == dict(bo_s) and np.array_equal(ko, ko_s)
+    assert_same_state(p, slow)

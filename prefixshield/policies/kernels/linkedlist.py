@@ -77,6 +77,28 @@ def move_to_tail_one(prev, nxt, member, length, num_blocks, k, b):
     push_tail_one(prev, nxt, member, length, num_blocks, k, b)
 
 
+@njit(cache=True, inline="always")
+def move_to_tail_unchecked(prev, nxt, num_blocks, k, b):
+    """Move block ``b`` of list ``k``, not its last block, to the tail of ``k``.
+
+    ``member`` and ``length`` are not read or written: they stay right (``b`` neither leaves
+    nor joins ``k``). For hot loops that know ``b``'s list and test ``b != prev[tail]``
+    themselves; a block in another list, in none, or already last corrupts the lists, unlike
+    :func:`move_to_tail_one`. NOTE: branch-free on purpose -- numba does not prune the array
+    reference counting of an inlined helper with its own control flow, which doubled the
+    LRU key-stream replay's time per request when the tail test lived here."""
+    tail = num_blocks + 2 * k + 1
+    last = prev[tail]
+    p = prev[b]
+    q = nxt[b]
+    nxt[p] = q
+    prev[q] = p
+    prev[b] = last
+    nxt[b] = tail
+    nxt[last] = b
+    prev[tail] = b
+
+
 @njit(cache=True)
 def push_tail(prev, nxt, member, length, num_blocks, k, blocks):
     """Append ``blocks`` in order at the tail of list k."""

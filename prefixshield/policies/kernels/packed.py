@@ -5,9 +5,11 @@ machine): a kernel with 30 state arrays pays ~4 µs before its first instruction
 work of selecting one victim. A :class:`Packed` keeps every array of a policy in one uint8
 buffer, behind a header of ``(byte offset, element count)`` pairs (int64, one pair per field);
 the policy keeps numpy views of the fields for Python code, and a kernel rebuilds its arrays
-from the buffer with :func:`field` (a ``carray`` over the buffer's memory: no allocation, no
-reference counting), so it is called with the buffer alone. (A numba ``StructRef`` or jitclass
-holding the arrays measured slower than a few array arguments here: ~1.4-1.7 µs per call.)
+from the buffer with :func:`field` (an unmanaged array over the buffer's memory, built in place
+by the :func:`_view` intrinsic: no allocation, no reference counting, and usable in kernels
+compiled with ``_nrt=False``), so it is called with the buffer alone. (A numba ``StructRef`` or
+jitclass holding the arrays measured slower than a few array arguments here: ~1.4-1.7 µs per
+call.)
 
 Fields are 8-byte aligned. The arrays a kernel builds are valid while the buffer is alive (the
 kernel's caller holds it); a kernel never returns one.
@@ -18,10 +20,12 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
+from numba.core.typing import signature
 from numba.extending import intrinsic
-from numba.np.numpy_support import carray
+from numba.np.arrayobj import np_cfarray
 
 _ALIGN = 8
 
@@ -55,12 +59,59 @@ def _address(typingctx, addr):
     return sig, codegen
 
 
+@intrinsic
+def _view(typingctx, ptr, shape, dtype):
+    """C array of ``dtype`` and ``shape`` (an integer or a tuple of them) over the memory at
+    ``void*`` ``ptr``, not memory-managed (no meminfo, so nothing to reference-count).
+
+    ``numba.carray`` builds the same array, but through an overload whose compiled body
+    returns an array, which numba refuses in a kernel compiled without its reference-counted
+    runtime (``_nrt=False``); an intrinsic is lowered in place, so this works in both."""
+    if ptr is not types.voidptr or not isinstance(dtype, (types.DType, types.NumberClass)):
+        return None
+    if isinstance(shape, types.Integer):
+        ndim = 1
+    elif isinstance(shape, types.UniTuple) and isinstance(shape.dtype, types.Integer):
+        ndim = shape.count
+    else:
+        return None
+    dt = dtype.dtype if isinstance(dtype, types.DType) else dtype.instance_type
+    retty = types.Array(dt, ndim, "C")
+
+    def codegen(context, builder, sig, args):
+        return np_cfarray(context, builder, signature(retty, ptr, shape), args[:2])
+
+    return signature(retty, ptr, shape, dtype), codegen
+
+
+@intrinsic
+def prefetch(typingctx, arr, index):
+    """Hint the CPU to fetch the cache line of ``arr[index]`` (``0 <= index < arr.size``, 1-D)
+    for reading soon: no effect on any value. For kernels whose next random accesses are known
+    ahead (a key stream's hash slots), so their memory latency overlaps the current work."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1 and isinstance(index, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, args[0])
+        idx = context.cast(builder, args[1], sig.args[1], types.intp)
+        ptr = builder.bitcast(builder.gep(ary.data, [idx]), cgutils.voidptr_t)
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [cgutils.voidptr_t, i32, i32, i32]),
+            "llvm.prefetch.p0")
+        builder.call(fn, [ptr, i32(0), i32(3), i32(1)])  # read, keep in all levels, data
+        return context.get_dummy_value()
+
+    return types.void(arr, index), codegen
+
+
 @njit(cache=True, inline="always")
 def at_address(addr, count, dtype):
     """The ``count`` elements of ``dtype`` at integer address ``addr`` as a 1-D C array (for
     kernels called with a buffer's ``ctypes.data`` instead of the array: a call with scalar
     arguments only skips numba's array unboxing; the caller keeps the buffer alive)."""
-    return carray(_address(addr), count, dtype)
+    return _view(_address(addr), count, dtype)
 
 
 def entry_point(dispatcher, *args):
@@ -78,8 +129,16 @@ def entry_point(dispatcher, *args):
 @njit(cache=True, inline="always")
 def field(buf, i, dtype):
     """Field ``i`` of the packed buffer ``buf`` as a 1-D C array of ``dtype`` (a view)."""
-    hdr = carray(_byte_address(buf, 0), 2 * (i + 1), np.int64)
-    return carray(_byte_address(buf, hdr[2 * i]), hdr[2 * i + 1], dtype)
+    hdr = _view(_byte_address(buf, 0), 2 * (i + 1), np.int64)
+    return _view(_byte_address(buf, hdr[2 * i]), hdr[2 * i + 1], dtype)
+
+
+@njit(cache=True, inline="always")
+def field2d(buf, i, rows, cols, dtype):
+    """Field ``i`` of the packed buffer ``buf`` as a ``rows x cols`` C array of ``dtype`` (a
+    view; the field holds ``rows * cols`` elements)."""
+    hdr = _view(_byte_address(buf, 0), 2 * (i + 1), np.int64)
+    return _view(_byte_address(buf, hdr[2 * i]), (rows, cols), dtype)
 
 
 class Packed:

@@ -33,6 +33,10 @@ are enforced by the policy: ``G <= MAX_GROUPS``, ``C <= MAX_CONTRACTS``):
   nothing at such a clock (a bucket with ``bal >= 0`` never goes negative by refilling, and a
   cleared one stays cleared as the clock advances), so selection computes ``P_g`` only for
   these; at an earlier clock (one that stepped back) it computes all groups, as before.
+  ``ub[g]`` (float64) bounds ``D̃_g`` at every clock (:func:`_debt_bound`, updated at each
+  charge): a selection of one victim skips the exact ``P_g`` of a debtor whose bound is below
+  the best ``P`` found so far, so it scores a few debtors, not all. (``W_g`` is recomputed for
+  the group that gives a victim; ``P`` and ``heap`` are per-selection scratch.)
 * Admission history: an LRU set of ``(group, prefix_id)`` pairs in entries ``0..H-1``
   (``hkey_g`` int16, ``hkey_p`` int64; LRU order in ``hprev``/``hnxt``, int32, sentinels H and
   H+1) indexed by an open-addressing table ``htab`` (int32, ``entry + 1``, 0 = empty; linear
@@ -55,11 +59,14 @@ from numba import njit
 from prefixshield.policies.kernels.hashtable import delete as _ht_delete
 from prefixshield.policies.kernels.hashtable import find as _ht_find
 from prefixshield.policies.kernels.hashtable import insert as _ht_insert
+from prefixshield.policies.kernels.hashtable import slot as _ht_slot
 from prefixshield.policies.kernels.linkedlist import insert_after as _insert_after
 from prefixshield.policies.kernels.linkedlist import push_tail_one as _push_tail1
 from prefixshield.policies.kernels.linkedlist import unlink_one as _unlink1
 from prefixshield.policies.kernels.packed import at_address as _at_address
 from prefixshield.policies.kernels.packed import field as _field
+from prefixshield.policies.kernels.packed import field2d as _field2d
+from prefixshield.policies.kernels.packed import prefetch as _prefetch
 
 PROBATIONARY = 0
 NORMAL = 1
@@ -104,7 +111,7 @@ State = namedtuple("State", [
     "owner", "contract", "prefix", "klass", "cached", "seq", "hits",
     "gprev", "gnxt", "gmember", "glen", "qprev", "qnxt", "qlen",
     "rho", "beta", "w", "bal", "t0", "charged", "materialized", "cls_count", "granted", "gated",
-    "in_debt", "evictions", "evicted_class", "P", "W", "heap", "debtors", "dpos",
+    "in_debt", "evictions", "evicted_class", "P", "ub", "heap", "debtors", "dpos",
     "hkey_g", "hkey_p", "hprev", "hnxt", "htab"])
 """The arrays of the packed state, in field order (see the module docstring)."""
 
@@ -132,7 +139,7 @@ def layout(N: int, G: int, C: int, H: int, hbits: int) -> list[tuple[str, type, 
         "materialized": (np.int64, (G,)), "cls_count": (np.int64, (G, NUM_CLASSES)),
         "granted": (np.int64, (G,)), "gated": (np.int64, (G,)), "in_debt": (np.int64, (G,)),
         "evictions": (np.int64, (G, G + 1)), "evicted_class": (np.int64, (G + 1, NUM_CLASSES)),
-        "P": (np.float64, (G,)), "W": (np.float64, (G,)), "heap": (np.int32, (G,)),
+        "P": (np.float64, (G,)), "ub": (np.float64, (G,)), "heap": (np.int32, (G,)),
         "debtors": (np.int32, (G,)), "dpos": (np.int32, (G,)),
         "hkey_g": (np.int16, (H,)), "hkey_p": (np.int64, (H,)),
         "hprev": (np.int32, (H + 2,)), "hnxt": (np.int32, (H + 2,)),
@@ -169,12 +176,12 @@ def state(st):
         _field(st, 12, np.int64), _field(st, 13, np.int32), _field(st, 14, np.int32),
         _field(st, 15, np.int64),
         _field(st, 16, np.float64), _field(st, 17, np.float64), _field(st, 18, np.float64),
-        _field(st, 19, np.float64).reshape((G, C)), _field(st, 20, np.float64).reshape((G, C)),
-        _field(st, 21, np.int64).reshape((G, C)), _field(st, 22, np.int64),
-        _field(st, 23, np.int64).reshape((G, NUM_CLASSES)), _field(st, 24, np.int64),
+        _field2d(st, 19, G, C, np.float64), _field2d(st, 20, G, C, np.float64),
+        _field2d(st, 21, G, C, np.int64), _field(st, 22, np.int64),
+        _field2d(st, 23, G, NUM_CLASSES, np.int64), _field(st, 24, np.int64),
         _field(st, 25, np.int64), _field(st, 26, np.int64),
-        _field(st, 27, np.int64).reshape((G, G + 1)),
-        _field(st, 28, np.int64).reshape((G + 1, NUM_CLASSES)),
+        _field2d(st, 27, G, G + 1, np.int64),
+        _field2d(st, 28, G + 1, NUM_CLASSES, np.int64),
         _field(st, 29, np.float64), _field(st, 30, np.float64), _field(st, 31, np.int32),
         _field(st, 32, np.int32), _field(st, 33, np.int32),
         _field(st, 34, np.int16), _field(st, 35, np.int64), _field(st, 36, np.int32),
@@ -289,6 +296,19 @@ def group_normalized_debt(bal, t0, rho, beta, w, g, t):
 
 
 @njit(cache=True, inline="always")
+def _debt_bound(bal, w, g):
+    """``Σ_c max(0, −B_{g,c}) / w_c``: g's normalized debt with no refill, an upper bound of
+    ``D̃_g(t)`` at every clock ``t`` (``B̂ >= min(beta, B)`` and ``beta >= 0``), also in floating
+    point: :func:`group_normalized_debt` adds, in the same order, terms no larger (rounding is
+    monotone). Kept in ``ub[g]`` and recomputed at every charge that can change it."""
+    d = 0.0
+    for c in range(bal.shape[1]):
+        if bal[g, c] < 0.0:
+            d += -bal[g, c] / w[c]
+    return d
+
+
+@njit(cache=True, inline="always")
 def _add_debtor(s, g):
     if s.dpos[g] < 0:
         n = s.ctl[C_NUM_DEBTORS]
@@ -335,7 +355,9 @@ def _h_find(s, g, pid):
 
 @njit(cache=True, inline="always")
 def _h_delete(s, i):
-    """Empty table slot ``i`` (backward-shift deletion keeps probe chains whole)."""
+    """Empty table slot ``i`` (backward-shift deletion keeps probe chains whole). Returns the
+    one slot that is empty now and was not: entries only move back within i's chain, and the
+    scan stops at the first empty slot without writing it."""
     mask = (1 << s.ctl[C_HBITS]) - 1
     j = i
     while True:
@@ -349,6 +371,7 @@ def _h_delete(s, i):
             s.htab[i] = e + 1
             i = j
     s.htab[i] = 0
+    return i
 
 
 @njit(cache=True, inline="always")
@@ -376,8 +399,13 @@ def _history_admit(s, g, pid):
             q = s.hnxt[e]
             s.hnxt[p] = q
             s.hprev[q] = p
-            _h_delete(s, _h_find(s, s.hkey_g[e], s.hkey_p[e]))
-            i = _h_find(s, g, pid)  # the deletion may have moved the empty slot
+            hole = _h_delete(s, _h_find(s, s.hkey_g[e], s.hkey_p[e]))
+            # (g, pid) goes to the first empty slot from its home: the slots from there up to
+            # the one found above were all full, and the deletion emptied only ``hole``
+            mask = (1 << s.ctl[C_HBITS]) - 1
+            home = _h_home(s, g, pid)
+            if ((hole - home) & mask) < ((-1 - i - home) & mask):
+                i = -1 - hole
         s.hkey_g[e] = g
         s.hkey_p[e] = pid
         s.htab[-1 - i] = e + 1
@@ -398,14 +426,17 @@ def _materialize(s, blocks, g, c, pid, t):
     for i in range(n):
         b = blocks[i]
         if b < 1 or b >= N or s.gmember[b] >= 0:
-            return 0.0, i
+            return i
     if n == 0:
-        return group_debt(s.bal, s.t0, s.rho, s.beta, g, t), -1
-    s.bal[g, c] = effective_balance(s.bal[g, c], s.t0[g, c], s.rho[c], s.beta[c], t) - n
+        return -1
+    old = s.bal[g, c]
+    s.bal[g, c] = effective_balance(old, s.t0[g, c], s.rho[c], s.beta[c], t) - n
     s.t0[g, c] = t
     s.charged[g, c] += n
     if s.bal[g, c] < 0.0:
         _add_debtor(s, g)
+    if old < 0.0 or s.bal[g, c] < 0.0:  # else no term of the bound changed
+        s.ub[g] = _debt_bound(s.bal, s.w, g)
     first = _history_admit(s, g, pid)
     if s.ctl[C_SEGMENTATION] == 0:
         k = NORMAL
@@ -427,7 +458,7 @@ def _materialize(s, blocks, g, c, pid, t):
         s.hits[b] = 0
         s.cls_count[g, k] += 1
         s.materialized[g] += 1
-    return group_debt(s.bal, s.t0, s.rho, s.beta, g, t), -1
+    return -1
 
 
 @njit(cache=True)
@@ -436,38 +467,53 @@ def materialize(st, blocks, g, c, pid, t):
     label the blocks (owner, contract, prefix, initial class). Returns ``(D_g(t) after the
     charge in blocks, -1)``, or ``(0.0, i)`` without any change if ``blocks[i]`` is free or not
     a block id (blocks must be in use)."""
-    return _materialize(state(st), blocks, g, c, pid, t)
+    s = state(st)
+    bad = _materialize(s, blocks, g, c, pid, t)
+    if bad >= 0:
+        return 0.0, bad
+    return group_debt(s.bal, s.t0, s.rho, s.beta, g, t), -1
+
+
+@njit(cache=True, inline="always")
+def _reuse(s, b, g, c, pid, t, debt):
+    """Reuse evidence and the debt-gated class of cached block ``b`` hit by (g, c, pid) at
+    ``t``: counts the hit, the promotion or gated promotion and the class counters, and returns
+    ``(old class, new class, debt)``; ``debt`` is ``D_g(t)``, computed here at the first
+    promotion-eligible block when the caller passes a negative one (hits charge nothing, so it
+    holds for every block of a request). The block's lists and ``klass`` are the caller's."""
+    if s.hits[b] < HITS_LIMIT:
+        s.hits[b] += 1
+    k_old = s.klass[b]
+    k_new = k_old
+    o = s.owner[b]
+    if (s.ctl[C_SEGMENTATION] != 0 and k_old != REUSE and o == g and s.contract[b] == c
+            and s.prefix[b] == pid):
+        if debt < 0.0:
+            debt = group_debt(s.bal, s.t0, s.rho, s.beta, g, t)
+        eps = s.fctl[F_EPSILON]
+        if s.ctl[C_DEBT_GATE] == 0 or debt <= eps:
+            k_new = REUSE
+            s.granted[g] += 1
+            if debt > eps:
+                s.in_debt[g] += 1
+        else:
+            s.gated[g] += 1
+    if k_new != k_old and o >= 0:
+        s.cls_count[o, k_old] -= 1
+        s.cls_count[o, k_new] += 1
+    return k_old, k_new, debt
 
 
 @njit(cache=True, inline="always")
 def _hit(s, blocks, g, c, pid, t):
     N = s.ctl[C_N]
-    debt = -1.0  # D_g(t), computed at the first promotion-eligible block (hits charge nothing)
-    eps = s.fctl[F_EPSILON]
-    segmentation = s.ctl[C_SEGMENTATION] != 0
+    debt = -1.0
     for i in range(blocks.shape[0]):
         b = blocks[i]
         if not s.cached[b]:
             continue
-        if s.hits[b] < HITS_LIMIT:
-            s.hits[b] += 1
-        k_old = s.klass[b]
-        k_new = k_old
+        _k_old, k_new, debt = _reuse(s, b, g, c, pid, t, debt)
         o = s.owner[b]
-        if (segmentation and k_old != REUSE and o == g and s.contract[b] == c
-                and s.prefix[b] == pid):
-            if debt < 0.0:
-                debt = group_debt(s.bal, s.t0, s.rho, s.beta, g, t)
-            if s.ctl[C_DEBT_GATE] == 0 or debt <= eps:
-                k_new = REUSE
-                s.granted[g] += 1
-                if debt > eps:
-                    s.in_debt[g] += 1
-            else:
-                s.gated[g] += 1
-        if k_new != k_old and o >= 0:
-            s.cls_count[o, k_old] -= 1
-            s.cls_count[o, k_new] += 1
         m = s.gmember[b]
         if m >= 0 and m < NUM_CLASSES:
             _unlink1(s.gprev, s.gnxt, s.gmember, s.glen, b)
@@ -480,6 +526,27 @@ def _hit(s, blocks, g, c, pid, t):
                 _q_push_tail(s, NUM_CLASSES * o + k_new, b)
         else:
             s.klass[b] = k_new
+
+
+@njit(cache=True, inline="always")
+def _hit_candidate(s, b, g, c, pid, t):
+    """``_hit``, ``_acquire``, ``_release(cached)`` of the one block ``b``, a cached free
+    candidate (the replay's hit), in one pass with the same end state: the calls unlink b,
+    relink it at the tail of its new class lists, unlink it and link it there again with a
+    second stamp; here it is unlinked once, takes both stamps (renumbering, if due, happens
+    while b is out of every list, as in the calls) and is linked once."""
+    N = s.ctl[C_N]
+    _k_old, k_new, _debt = _reuse(s, b, g, c, pid, t, -1.0)
+    o = s.owner[b]
+    _unlink1(s.gprev, s.gnxt, s.gmember, s.glen, b)
+    if o >= 0:
+        _q_unlink(s, b)
+    s.klass[b] = k_new
+    _next_seq(s)
+    s.seq[b] = _next_seq(s)
+    _push_tail1(s.gprev, s.gnxt, s.gmember, s.glen, N, k_new, b)
+    if o >= 0:
+        _q_push_tail(s, NUM_CLASSES * o + k_new, b)
 
 
 @njit(cache=True)
@@ -658,7 +725,47 @@ def _select(s, n, t, requester, out, off):
     if k0 == n:
         return k0
     size = 0
-    if s.ctl[C_RESPONSIBILITY] != 0:
+    if s.ctl[C_RESPONSIBILITY] != 0 and n - k0 == 1 and t >= s.fctl[F_PRUNE_CLOCK]:
+        # one reclamation: the unique best group (the heap's first pop), found directly. A
+        # debtor whose bound ub[g] is below the best P so far cannot win or tie, so its exact
+        # P is not computed (nor is it dropped if cleared: the list stays a superset)
+        best = -1
+        # first the debtor with the largest bound (bounds are tight between charges): its exact
+        # P makes the pass below skip nearly every other debtor
+        top = -1
+        for i in range(s.ctl[C_NUM_DEBTORS]):
+            g = s.debtors[i]
+            if s.ub[g] > eps and (top < 0 or s.ub[g] > s.ub[top]) and _has_candidates(s, g):
+                top = g
+        if top >= 0:
+            p, wmax = group_normalized_debt(s.bal, s.t0, s.rho, s.beta, s.w, top, t)
+            s.P[top] = p
+            if p > eps:
+                best = top
+        for i in range(s.ctl[C_NUM_DEBTORS] - 1, -1, -1):
+            g = s.debtors[i]
+            if g == best:
+                continue
+            u = s.ub[g]
+            if u == 0.0:
+                # every bucket has B >= 0 (or a term too small to round above 0, so P = 0 too):
+                # P_g = 0 at any clock until g's next charge, never above eps
+                _drop_debtor(s, g)
+                continue
+            if not u > eps or (best >= 0 and u < s.P[best]) or not _has_candidates(s, g):
+                continue
+            p, wmax = group_normalized_debt(s.bal, s.t0, s.rho, s.beta, s.w, g, t)
+            if wmax == 0.0:
+                _drop_debtor(s, g)
+                s.fctl[F_PRUNE_CLOCK] = t
+                continue
+            s.P[g] = p
+            if p > eps and (best < 0 or _better(s, g, best)):
+                best = g
+        if best >= 0:
+            s.heap[0] = best
+            size = 1
+    elif s.ctl[C_RESPONSIBILITY] != 0:
         if t >= s.fctl[F_PRUNE_CLOCK]:
             # only debtors can owe at t (module docstring); a debtor seen cleared is dropped
             for i in range(s.ctl[C_NUM_DEBTORS] - 1, -1, -1):
@@ -669,7 +776,6 @@ def _select(s, n, t, requester, out, off):
                     s.fctl[F_PRUNE_CLOCK] = t
                     continue
                 s.P[g] = p
-                s.W[g] = wmax
                 if p > eps and _has_candidates(s, g):
                     s.heap[size] = g
                     size += 1
@@ -679,12 +785,10 @@ def _select(s, n, t, requester, out, off):
                     continue
                 p, wmax = group_normalized_debt(s.bal, s.t0, s.rho, s.beta, s.w, g, t)
                 s.P[g] = p
-                s.W[g] = wmax
                 if p > eps:
                     s.heap[size] = g
                     size += 1
-        if n - k0 == 1:
-            # one reclamation: the heap's first pop is the unique best group; find it directly
+        if n - k0 == 1:  # the clock stepped back: every scored group ranked directly
             best = 0
             for i in range(1, size):
                 if _better(s, s.heap[i], s.heap[best]):
@@ -700,7 +804,8 @@ def _select(s, n, t, requester, out, off):
             _k, b = _group_best(s, gs)
             _q_unlink(s, b)
             _unlink1(s.gprev, s.gnxt, s.gmember, glen, b)
-            s.P[gs] -= 1.0 / s.W[gs]
+            # W_g(t), recomputed (buckets do not change during a selection)
+            s.P[gs] -= 1.0 / group_normalized_debt(s.bal, s.t0, s.rho, s.beta, s.w, gs, t)[1]
             if not _has_candidates(s, gs) or not s.P[gs] > eps:
                 size -= 1
                 s.heap[0] = s.heap[size]
@@ -737,7 +842,8 @@ def select(st, n, t, requester, out, off):
     ``P_g > eps``, the one with the largest ``P_g`` (ties: lowest best class, then oldest best
     block) gives its first candidate (class order, then native order) and ``P_g -= 1 / W_g(t)``;
     otherwise the first candidate globally (class, then native order). A binary heap over the
-    indebted groups makes each victim O(log G); only debtors are scored (module docstring).
+    indebted groups makes each victim O(log G); only debtors are scored, and for one victim
+    only those whose debt bound can reach the best so far (module docstring).
     Each reclaimed cached block is evicted: its metadata is dropped and
     ``evictions[requester, owner]`` (column G = unknown owner) and
     ``evicted_class[owner, class]`` (row G = unknown owner) counted.
@@ -747,22 +853,28 @@ def select(st, n, t, requester, out, off):
     return _select(state(st), n, t, requester, out, off)
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def select_at(st_addr, st_bytes, n, t, requester, out_addr, off):
     """:func:`select` on the packed buffer of ``st_bytes`` bytes at address ``st_addr``, writing
     into the int32 array at ``out_addr`` (the policy's fast path: scalar arguments only; the
-    caller keeps both arrays alive and ``out`` at least ``off + n`` long)."""
+    caller keeps both arrays alive and ``out`` at least ``off + n`` long). Compiled without
+    numba's reference counting: it allocates nothing, and its arrays are unmanaged views."""
     st = _at_address(st_addr, st_bytes, np.uint8)
     out = _at_address(out_addr, off + n, np.int32)
     return _select(state(st), n, t, requester, out, off)
 
 
 # ----------------------------------------------------------------------------- key-stream replay
+PREFETCH_AHEAD = 16
+"""The batch replay prefetches the hash slots of the request this many requests ahead."""
+
 @njit(cache=True, inline="always")
-def _debt_log_append(log_t, log_g, log_d, log_cls, meta, max_samples, t, g, d, cls_count):
-    """:meth:`prefixshield.policies.prefixshield.DebtLog.append`, on its arrays (``meta`` =
-    size, stride, charges counted; the arrays hold ``min(max_samples, size + appends to come)``
-    rows, so "full" means ``max_samples`` as in the Python method)."""
+def _debt_log_append(log_t, log_g, log_d, log_cls, meta, max_samples, t, g, s):
+    """:meth:`prefixshield.policies.prefixshield.DebtLog.append` of group g's charge at ``t``,
+    on its arrays (``meta`` = size, stride, charges counted; the arrays hold
+    ``min(max_samples, size + appends to come)`` rows, so "full" means ``max_samples`` as in
+    the Python method). ``D_g(t)`` and the class snapshot are read from state ``s`` only for a
+    sample that is kept (most charges are only counted)."""
     i = meta[2]
     meta[2] = i + 1
     if max_samples == 0 or i % meta[1]:
@@ -774,7 +886,8 @@ def _debt_log_append(log_t, log_g, log_d, log_cls, meta, max_samples, t, g, d, c
             log_t[k] = log_t[2 * k]
             log_g[k] = log_g[2 * k]
             log_d[k] = log_d[2 * k]
-            log_cls[k, :] = log_cls[2 * k, :]
+            for x in range(log_cls.shape[1]):  # a loop: a slice copy needs numba's NRT
+                log_cls[k, x] = log_cls[2 * k, x]
         size = keep
         meta[1] *= 2
         if i % meta[1]:
@@ -782,7 +895,8 @@ def _debt_log_append(log_t, log_g, log_d, log_cls, meta, max_samples, t, g, d, c
             return
     log_t[size] = t
     log_g[size] = g
-    log_d[size] = d
+    log_d[size] = group_debt(s.bal, s.t0, s.rho, s.beta, g, t)
+    cls_count = s.cls_count
     G = cls_count.shape[0]
     for gg in range(G):
         for k in range(NUM_CLASSES):
@@ -801,15 +915,23 @@ def replay_keys(st, keys, groups, contract, hits, block_of, key_of, bk, bv, bbit
     ``block_of`` (typed Dict key -> block) and ``key_of`` (int64 per block, -1: none) are
     read and written back; in between the key -> block map is the array hash table
     ``bk``/``bv`` (``2**bbits`` slots, ``bk`` filled with -1; keys >= 0). Returns -1, or the
-    index of the request at which an event was illegal (the policy method would raise)."""
+    index of the request at which an event was illegal (the policy method would raise).
+
+    Speed notes: the loop (:func:`_replay`) is compiled without numba's reference-counted
+    runtime (``_nrt=False``): with it, every inlined helper taking the state tuple increfed and
+    decrefed its ~40 arrays, most of the loop's time. A hit on a free candidate (every hit here)
+    takes the fused :func:`_hit_candidate`; the hash slots of the request
+    :data:`PREFETCH_AHEAD` requests later are prefetched."""
     s = state(st)
     N = s.ctl[C_N]
     bshift = np.uint64(64 - bbits)
     bmask = (1 << bbits) - 1
     for kk, b in block_of.items():
         _ht_insert(bk, bv, kk, b, bshift, bmask)
-    bad = _replay(s, keys, groups, contract, hits, key_of, bk, bv, bshift, bmask, log_t, log_g,
-                  log_d, log_cls, log_meta, max_samples)
+    one = np.empty(1, dtype=np.int32)
+    yes = np.ones(1, dtype=np.bool_)
+    bad = _replay(st, keys, groups, contract, hits, key_of, bk, bv, bshift, bmask, log_t, log_g,
+                  log_d, log_cls, log_meta, max_samples, one, yes)
     block_of.clear()
     for b in range(N):
         if key_of[b] >= 0:
@@ -817,12 +939,23 @@ def replay_keys(st, keys, groups, contract, hits, block_of, key_of, bk, bv, bbit
     return bad
 
 
-@njit(cache=True, inline="always")
-def _replay(s, keys, groups, contract, hits, key_of, bk, bv, bshift, bmask, log_t, log_g, log_d,
-            log_cls, log_meta, max_samples):
-    one = np.empty(1, dtype=np.int32)
-    yes = np.ones(1, dtype=np.bool_)
-    for i in range(keys.shape[0]):
+@njit(cache=True, _nrt=False)
+def _replay(st, keys, groups, contract, hits, key_of, bk, bv, bshift, bmask, log_t, log_g, log_d,
+            log_cls, log_meta, max_samples, one, yes):
+    """:func:`replay_keys`'s loop over the requests, with the key -> block table ready; ``one``
+    (int32) and ``yes`` (bool, True) are one-element scratch arrays (allocating nothing, it
+    runs without numba's NRT)."""
+    s = state(st)
+    n = keys.shape[0]
+    for i in range(n):
+        if i + PREFETCH_AHEAD < n:
+            # the home slots of a later request's key (map, history): random reads that miss the
+            # cache on large pools; fetched now, they are in cache when that request comes
+            kd = keys[i + PREFETCH_AHEAD]
+            h = _ht_slot(kd, bshift)
+            _prefetch(bk, h)
+            _prefetch(bv, h)
+            _prefetch(s.htab, _h_home(s, groups[i + PREFETCH_AHEAD], kd))
         kk = keys[i]
         g = groups[i]
         t = float(i)
@@ -831,7 +964,12 @@ def _replay(s, keys, groups, contract, hits, key_of, bk, bv, bshift, bmask, log_
         j = _ht_find(bk, kk, bshift, bmask)
         if j >= 0:
             hits[i] = True
-            one[0] = bv[j]
+            b = bv[j]
+            m = s.gmember[b]
+            if s.cached[b] and m >= 0 and m < NUM_CLASSES:
+                _hit_candidate(s, b, g, contract, kk, t)
+                continue
+            one[0] = b
             _hit(s, one, g, contract, kk, t)
             if _acquire(s, one) >= 0 or _release(s, one, yes) >= 0:
                 return i
@@ -844,11 +982,9 @@ def _replay(s, keys, groups, contract, hits, key_of, bk, bv, bshift, bmask, log_
             _ht_delete(bk, bv, _ht_find(bk, old, bshift, bmask), bshift, bmask)
         key_of[b] = kk
         _ht_insert(bk, bv, kk, b, bshift, bmask)
-        d, bad = _materialize(s, one, g, contract, kk, t)
-        if bad >= 0:
+        if _materialize(s, one, g, contract, kk, t) >= 0:
             return i
-        _debt_log_append(log_t, log_g, log_d, log_cls, log_meta, max_samples, t, g, d,
-                         s.cls_count)
+        _debt_log_append(log_t, log_g, log_d, log_cls, log_meta, max_samples, t, g, s)
         if _release(s, one, yes) >= 0:
             return i
     return -1

@@ -1,0 +1,143 @@
+"""What `prefixshield run` loads and sets up at start-up (issue 10): only what the run needs.
+
+Behaviour, not speed: which modules a run imports, the environment the CLI gives OpenBLAS, that a
+console without colours skips highlighting, that the program (not an in-process CliRunner)
+freezes the collector at exit, and the environment of the start-up bench's children. No timing is
+asserted (the machines are shared)."""
+
+import atexit
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+from rich.text import Text
+
+import prefixshield.traces as traces
+from prefixshield import cli
+from prefixshield.bench import startup
+
+# A generated-workload run without --out, in a fresh interpreter (sys.modules as a user's process
+# has them), printing the modules it ended with and the environment OpenBLAS saw.
+_RUN_AND_REPORT = """
+import contextlib, io, json, os, sys
+sys.argv = ["prefixshield", "run", "one_touch", "-p", "lru", "--set", "duration_s=8"]
+from prefixshield.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    main(standalone_mode=False)
+print(json.dumps({"modules": sorted(sys.modules),
+                  "timeout": os.environ.get("OPENBLAS_THREAD_TIMEOUT")}))
+"""
+
+
+def run_fresh(code: str, **env: str) -> dict:
+    """Run ``code`` in a new interpreter with ``env`` added; its last stdout line as JSON.
+
+    The OpenBLAS variable is dropped first: importing the CLI here set it in this process."""
+    full = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    full.update(env)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def fresh_run(tmp_path_factory) -> dict:
+    cache = tmp_path_factory.mktemp("cache")
+    return run_fresh(_RUN_AND_REPORT, PREFIXSHIELD_CACHE_DIR=str(cache))
+
+
+def test_run_of_a_generated_workload_loads_no_parquet_io_and_no_importers(fresh_run):
+    mods = set(fresh_run["modules"])
+    assert "prefixshield.simulator.engine" in mods  # it did run
+    assert "prefixshield.traces.io" not in mods
+    assert "prefixshield.traces.importers" not in mods
+    assert "pyarrow.parquet" not in mods
+
+
+def test_run_loads_neither_plotting_nor_the_vllm_side(fresh_run):
+    mods = set(fresh_run["modules"])
+    assert not {m for m in mods if m.split(".")[0] == "matplotlib"}
+    assert not {m for m in mods if m.startswith("prefixshield.validate")}
+
+
+def test_cli_shortens_the_openblas_idle_spin_before_numpy_loads(fresh_run):
+    assert fresh_run["timeout"] == cli.START_ENV["OPENBLAS_THREAD_TIMEOUT"] == "4"
+
+
+def test_cli_keeps_an_openblas_timeout_the_user_set():
+    got = run_fresh("import json, os, prefixshield.cli\n"
+                    "print(json.dumps(os.environ['OPENBLAS_THREAD_TIMEOUT']))",
+                    OPENBLAS_THREAD_TIMEOUT="12")
+    assert got == "12"
+
+
+def test_console_without_colours_never_calls_the_highlighter(monkeypatch):
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # not a terminal: no colour system
+    calls = []
+    console = cli._make_console()
+    console.highlighter = lambda text: calls.append(str(text)) or Text(str(text))
+    console.print("rate 1.5 req/s")
+    assert console.color_system is None and calls == []
+    assert sys.stdout.getvalue() == "rate 1.5 req/s\n"
+
+
+def test_console_with_colours_still_highlights(monkeypatch):
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setattr(sys, "stdout", io.StringIO())
+    calls = []
+    console = cli._make_console()
+    console.highlighter = lambda text: calls.append(str(text)) or Text(str(text))
+    console.print("rate 1.5 req/s")
+    assert console.color_system is not None and calls == ["rate 1.5 req/s"]
+
+
+def test_traces_package_still_exports_io_and_importers_on_first_use():
+    from prefixshield.traces import importers, io as trace_io
+
+    assert traces.read_trace is trace_io.read_trace
+    assert traces.write_trace is trace_io.write_trace
+    assert traces.import_azure is importers.import_azure
+    assert set(traces.__all__) >= {"read_trace", "write_trace", "import_mooncake"}
+    assert traces.io is trace_io and traces.importers is importers
+    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
+        traces.not_a_name  # noqa: B018
+
+
+def test_startup_bench_children_get_the_cli_env_and_write_bytecode():
+    env, dropped = startup.child_env({"PYTHONDONTWRITEBYTECODE": "1", "PATH": "/bin"})
+    assert dropped == ["PYTHONDONTWRITEBYTECODE"] and "PYTHONDONTWRITEBYTECODE" not in env
+    assert env["OPENBLAS_THREAD_TIMEOUT"] == "4" and env["PATH"] == "/bin"
+    env, dropped = startup.child_env({"OPENBLAS_THREAD_TIMEOUT": "9"})
+    assert dropped == [] and env["OPENBLAS_THREAD_TIMEOUT"] == "9"
+
+
+# Registered before the program runs, so it runs after the program's own exit handler (LIFO).
+_REPORT_FREEZE_AT_EXIT = """
+import atexit, gc, sys
+atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0))
+sys.argv = ["prefixshield", "--version"]
+{call}
+"""
+
+
+@pytest.mark.parametrize("call", ["from prefixshield.cli import main; main()",
+                                  "import runpy; runpy.run_module('prefixshield', "
+                                  "run_name='__main__')"])
+def test_program_freezes_the_collector_at_exit(call):
+    code = _REPORT_FREEZE_AT_EXIT.format(call=call)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["prefixshield, version 0.1.0", "frozen at exit: True"]
+
+
+def test_cli_runner_invocations_register_no_exit_handler():
+    before = atexit._ncallbacks()
+    result = CliRunner().invoke(cli.main, ["--version"])
+    assert result.exit_code == 0 and atexit._ncallbacks() == before
