@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from prefixshield.bench.common import (Column, SectionResult, Tick, no_progress, ratio,
-                                       vllm_skip_reason)
+                                       vllm_skip_reason, wall)
 
 GROUPS = ["default", "tenant-a", "tenant-b"]
 TARGET_RATIO = 1.1
@@ -212,57 +212,54 @@ def run(quick: bool = False, tick: Tick = no_progress, num_blocks: int = 1024,
     run_stream(Side(64, block_size, env), 1, num_ops=200, observe=False)  # numba, vLLM warm
     tick("plugin: pool calls")
     log = record_pool_calls(num_blocks, block_size, seed, num_ops)
-    native_t, plugin_t = [], []
-    for _ in range(repeats):
-        a = Side(num_blocks, block_size).pool
-        native_t.append(replay_pool_calls(a, log))
-        b = Side(num_blocks, block_size, env).pool
-        plugin_t.append(replay_pool_calls(b, log))
-        if not free_queue(a) == free_queue(b) == b.policy.free_order().tolist():
-            raise AssertionError("plugin bench: the two pools diverged on the replayed calls")
+
+    def replay_both(replay) -> tuple[list, list]:
+        """``replay(pool, log)`` on a fresh native and a fresh plugin pool, ``repeats`` times
+        interleaved; each round checks both pools (and the policy) to the same free queue."""
+        native, plug = [], []
+        for _ in range(repeats):
+            a = Side(num_blocks, block_size).pool
+            native.append(replay(a, log))
+            b = Side(num_blocks, block_size, env).pool
+            plug.append(replay(b, log))
+            if not free_queue(a) == free_queue(b) == b.policy.free_order().tolist():
+                raise AssertionError("plugin bench: the two pools diverged on the replayed calls")
+        return native, plug
+
+    native_t, plugin_t = replay_both(replay_pool_calls)
     n = len(log)
     tn, tp = min(native_t), min(plugin_t)
     counts = {k: sum(1 for o in log if o[0] == k) for k in ("new", "touch", "cache", "free")}
     res.rows.append({"level": "BlockPool calls", "operations": n, "native_us": tn / n * 1e6,
                      "plugin_us": tp / n * 1e6, "plugin_over_native": ratio(tp, tn)})
-    native_c, plugin_c = [], []
-    for _ in range(repeats):
-        a = Side(num_blocks, block_size).pool
-        native_c.append(replay_pool_call_times(a, log))
-        b = Side(num_blocks, block_size, env).pool
-        plugin_c.append(replay_pool_call_times(b, log))
-        if free_queue(a) != free_queue(b):
-            raise AssertionError("plugin bench: the two pools diverged on the replayed calls")
+    native_c, plugin_c = replay_both(replay_pool_call_times)
     tn, tp = least_sum(native_c), least_sum(plugin_c)
     res.rows.append({"level": "BlockPool calls, least per call", "operations": n,
                      "native_us": tn / n * 1e6, "plugin_us": tp / n * 1e6,
                      "plugin_over_native": ratio(tp, tn)})
     res.extra["pool_call_counts"] = counts
     tick("plugin: cache manager")
-    native_t, plugin_t = [], []
-    for _ in range(repeats):
-        a = Side(num_blocks, block_size)
-        t0 = time.perf_counter()
-        run_stream(a, seed, num_ops=num_ops, observe=False)
-        native_t.append(time.perf_counter() - t0)
-        b = Side(num_blocks, block_size, env)
-        t0 = time.perf_counter()
-        run_stream(b, seed, num_ops=num_ops, observe=False)
-        plugin_t.append(time.perf_counter() - t0)
-        if a.free_queue() != b.free_queue():
-            raise AssertionError("plugin bench: the two managers diverged")
+
+    def manage_both(measure) -> tuple[list, list]:
+        """``measure(side)`` on a fresh native and a fresh plugin manager, ``repeats`` times
+        interleaved; each round checks both to the same free queue."""
+        native, plug = [], []
+        for _ in range(repeats):
+            a = Side(num_blocks, block_size)
+            native.append(measure(a))
+            b = Side(num_blocks, block_size, env)
+            plug.append(measure(b))
+            if a.free_queue() != b.free_queue():
+                raise AssertionError("plugin bench: the two managers diverged")
+        return native, plug
+
+    native_t, plugin_t = manage_both(
+        lambda side: wall(lambda: run_stream(side, seed, num_ops=num_ops, observe=False))[1])
     tn, tp = min(native_t), min(plugin_t)
     res.rows.append({"level": "KVCacheManager ops", "operations": num_ops,
                      "native_us": tn / num_ops * 1e6, "plugin_us": tp / num_ops * 1e6,
                      "plugin_over_native": ratio(tp, tn)})
-    native_c, plugin_c = [], []
-    for _ in range(repeats):
-        a = Side(num_blocks, block_size)
-        native_c.append(stream_op_times(a, seed, num_ops))
-        b = Side(num_blocks, block_size, env)
-        plugin_c.append(stream_op_times(b, seed, num_ops))
-        if a.free_queue() != b.free_queue():
-            raise AssertionError("plugin bench: the two managers diverged")
+    native_c, plugin_c = manage_both(lambda side: stream_op_times(side, seed, num_ops))
     ln, lp = least_sum(native_c), least_sum(plugin_c)
     res.rows.append({"level": "KVCacheManager ops, least per op", "operations": num_ops,
                      "native_us": ln / num_ops * 1e6, "plugin_us": lp / num_ops * 1e6,

@@ -115,12 +115,12 @@ def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
         res.rows.append({"process": label, "cpu_s": cpu, "wall_s": wall_s,
                          "over_floor": ratio(cpu, floor)})
     run_cpu = best[RUN_LABEL][0]
-    res.extra.update(target_cpu_s=TARGET_CPU_S, command=" ".join(cmd), repeats=repeats)
+    res.extra.update(target_cpu_s=TARGET_CPU_S, command=" ".join(cmd), repeats=repeats,
+                     dropped_env=dropped)
     res.notes.append(f"target: <= {TARGET_CPU_S:.1f} CPU-s; measured {run_cpu:.2f} CPU-s "
                      f"({run_cpu / TARGET_CPU_S:.2f}x the target), of which the import floor is "
                      f"{floor:.2f} CPU-s; least of {repeats} timed runs after an untimed one")
     if dropped:
         res.notes.append(f"children ran without {', '.join(dropped)} (set here), so the untimed "
                          "run left Python's bytecode cache warm as a default interpreter does")
-    res.extra.update(dropped_env=dropped)
     return res

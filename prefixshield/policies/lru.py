@@ -89,17 +89,6 @@ def _table_bits(queued: int) -> int:
 
 
 @njit(cache=True, inline="always")
-def _tab_probe(tab, k, shift, mask):
-    """Slot holding key ``k``, else the empty slot where its probe ends."""
-    j = ht.slot(k, shift)
-    while True:
-        x = tab[2 * j]
-        if x == k or x == ht.EMPTY:
-            return j
-        j = (j + 1) & mask
-
-
-@njit(cache=True, inline="always")
 def _tab_delete(tab, i, shift, mask, slot_of):
     """Empty slot ``i`` by backward-shift deletion (as ``hashtable.delete``), repointing
     ``slot_of`` at every entry it moves."""
@@ -109,9 +98,7 @@ def _tab_delete(tab, i, shift, mask, slot_of):
         x = tab[2 * j]
         if x == ht.EMPTY:
             break
-        h = ht.slot(x, shift)
-        # move x back to i unless its home h lies cyclically in (i, j]
-        if (i <= j and (h <= i or h > j)) or (i > j and h <= i and h > j):
+        if ht.moves_back(ht.slot(x, shift), i, j):
             v = tab[2 * j + 1]
             tab[2 * i] = x
             tab[2 * i + 1] = v
@@ -140,7 +127,7 @@ def _replay_keys_table(keys, hits, block_of, key_of, prev, nxt, member, length, 
         if kk < 0 or b < 0 or b >= num_blocks or key_of[b] != kk or member[b] != 0 \
                 or slot_of[b] >= 0:
             return -1
-        j = _tab_probe(tab, kk, shift, mask)
+        j = ht.probe_pairs(tab, kk, shift, mask)
         tab[2 * j] = kk
         tab[2 * j + 1] = b
         slot_of[b] = j
@@ -159,7 +146,7 @@ def _replay_keys_table(keys, hits, block_of, key_of, prev, nxt, member, length, 
     tail = num_blocks + 1
     for i in range(n):
         kk = keys[i]
-        j = _tab_probe(tab, kk, shift, mask)
+        j = ht.probe_pairs(tab, kk, shift, mask)
         if tab[2 * j] == kk:
             hits[i] = True
             b = tab[2 * j + 1]

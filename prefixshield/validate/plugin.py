@@ -414,9 +414,8 @@ class PolicyBlockPool(_VllmBlockPool):
     few blocks per call, where one numpy call (~1 us here) costs more than a Python step per
     block (~0.05 us). So the owner and eviction counters are Python lists (``owner`` and
     ``evictions`` build the arrays when read), ``free_blocks`` and ``touch`` do vLLM's steps and
-    ours in one loop (``get_new_blocks`` too, unless reuse watchers are set), vLLM's queue
-    ``remove`` is inlined, a request's ids are looked up once (:data:`_META_ATTR`), and a hook
-    the policy leaves as the base no-op (LRU's ``on_hit``/``on_materialize``; ``available`` =
+    ours in one loop, vLLM's queue ``remove`` is inlined, a request's ids are looked up once
+    (:data:`_META_ATTR`), and a hook the policy leaves as the base no-op (LRU's ``on_hit``/``on_materialize``; ``available`` =
     ``num_free``) is not called at all. What is left per call is mostly fixed: each policy call
     (~1 us: the method and numba's dispatch over its arrays), each list -> array conversion
     (~0.4 us), the clock read. ``prefixshield bench --section plugin`` measures it.
@@ -636,16 +635,9 @@ class PolicyBlockPool(_VllmBlockPool):
         # queue, reuse watchers, then for each block ``_maybe_evict_cached_block``, ref_cnt + 1,
         # metrics), plus ours: the eviction of a cached victim is charged [requester, owner],
         # and the requester owns the block. vLLM's ``free_block_queue.remove(blk)`` is inlined
-        # (its O(1) unlink; the count is updated once). Without reuse watchers (none outside KV
-        # connectors) both passes run in one loop: nothing in the second reads the queue.
+        # (its O(1) unlink; the count is updated once).
         blocks = self.blocks
         queue = self.free_block_queue
-        owner = self._owner
-        ev_row = self._evictions[g]
-        unknown = len(ev_row) - 1
-        evict = self._maybe_evict_cached_block
-        mc = self.metrics_collector
-        watched = getattr(self, "_reuse_watchers", None)
         ret = []
         for b in victims.tolist():
             blk = blocks[b]
@@ -658,8 +650,16 @@ class PolicyBlockPool(_VllmBlockPool):
             nxt.prev_free_block = prv
             blk.prev_free_block = blk.next_free_block = None
             ret.append(blk)
-            if watched:
-                continue
+        queue.num_free_blocks -= num_blocks
+        if getattr(self, "_reuse_watchers", None):
+            self._notify_reuse(ret)
+        owner = self._owner
+        ev_row = self._evictions[g]
+        unknown = len(ev_row) - 1
+        evict = self._maybe_evict_cached_block
+        mc = self.metrics_collector
+        for blk in ret:
+            b = blk.block_id
             if blk.block_hash is not None:
                 o = owner[b]
                 ev_row[o if o >= 0 else unknown] += 1
@@ -668,19 +668,6 @@ class PolicyBlockPool(_VllmBlockPool):
             owner[b] = g
             if mc:
                 mc.on_block_allocated(blk)
-        queue.num_free_blocks -= num_blocks
-        if watched:
-            self._notify_reuse(ret)
-            for blk in ret:
-                b = blk.block_id
-                if blk.block_hash is not None:
-                    o = owner[b]
-                    ev_row[o if o >= 0 else unknown] += 1
-                evict(blk)
-                blk.ref_cnt += 1
-                owner[b] = g
-                if mc:
-                    mc.on_block_allocated(blk)
         self.num_victims += num_blocks
         if self._check:
             self._verify("get_new_blocks")

@@ -68,10 +68,28 @@ def delete(tk, tv, i, shift, mask):
         x = tk[j]
         if x == EMPTY:
             break
-        h = slot(x, shift)
-        # move x back to i unless its home h lies cyclically in (i, j]
-        if (i <= j and (h <= i or h > j)) or (i > j and h <= i and h > j):
+        if moves_back(slot(x, shift), i, j):
             tk[i] = x
             tv[i] = tv[j]
             i = j
     tk[i] = EMPTY
+
+
+@njit(cache=True, inline="always")
+def moves_back(h, i, j):
+    """Backward-shift deletion: whether the key in slot ``j``, home slot ``h``, moves back into
+    the hole at ``i`` (it does unless ``h`` lies cyclically in ``(i, j]``)."""
+    return (i <= j and (h <= i or h > j)) or (i > j and h <= i and h > j)
+
+
+@njit(cache=True, inline="always")
+def probe_pairs(tab, k, shift, mask):
+    """Slot holding key ``k`` in an *interleaved* table (slot j's key at ``tab[2j]``, its value
+    at ``tab[2j + 1]``, so a hit reads its value from the line its probe loaded), else the empty
+    slot where ``k``'s probe ends."""
+    j = slot(k, shift)
+    while True:
+        x = tab[2 * j]
+        if x == k or x == EMPTY:
+            return j
+        j = (j + 1) & mask

@@ -59,6 +59,7 @@ from numba import njit
 from prefixshield.policies.kernels.hashtable import delete as _ht_delete
 from prefixshield.policies.kernels.hashtable import find as _ht_find
 from prefixshield.policies.kernels.hashtable import insert as _ht_insert
+from prefixshield.policies.kernels.hashtable import moves_back as _ht_moves_back
 from prefixshield.policies.kernels.hashtable import slot as _ht_slot
 from prefixshield.policies.kernels.linkedlist import insert_after as _insert_after
 from prefixshield.policies.kernels.linkedlist import push_tail_one as _push_tail1
@@ -365,9 +366,7 @@ def _h_delete(s, i):
         e = s.htab[j] - 1
         if e < 0:
             break
-        h = _h_home(s, s.hkey_g[e], s.hkey_p[e])
-        # move entry e back to i unless its home h lies cyclically in (i, j]
-        if (i <= j and (h <= i or h > j)) or (i > j and h <= i and h > j):
+        if _ht_moves_back(_h_home(s, s.hkey_g[e], s.hkey_p[e]), i, j):
             s.htab[i] = e + 1
             i = j
     s.htab[i] = 0
@@ -702,6 +701,20 @@ def _has_candidates(s, g):
 
 
 @njit(cache=True, inline="always")
+def _score_debtor(s, g, t):
+    """Debtor g's ``D̃_g(t)`` into ``P[g]`` and True; or False for a debtor with no indebted
+    contract left (``W_g = 0``): it is dropped from the debtor list and the prune clock moves
+    to ``t`` (a clock stepping back behind it scores every group again)."""
+    p, wmax = group_normalized_debt(s.bal, s.t0, s.rho, s.beta, s.w, g, t)
+    if wmax == 0.0:
+        _drop_debtor(s, g)
+        s.fctl[F_PRUNE_CLOCK] = t
+        return False
+    s.P[g] = p
+    return True
+
+
+@njit(cache=True, inline="always")
 def _select(s, n, t, requester, out, off):
     N = s.ctl[C_N]
     G = s.ctl[C_G]
@@ -754,13 +767,9 @@ def _select(s, n, t, requester, out, off):
                 continue
             if not u > eps or (best >= 0 and u < s.P[best]) or not _has_candidates(s, g):
                 continue
-            p, wmax = group_normalized_debt(s.bal, s.t0, s.rho, s.beta, s.w, g, t)
-            if wmax == 0.0:
-                _drop_debtor(s, g)
-                s.fctl[F_PRUNE_CLOCK] = t
+            if not _score_debtor(s, g, t):
                 continue
-            s.P[g] = p
-            if p > eps and (best < 0 or _better(s, g, best)):
+            if s.P[g] > eps and (best < 0 or _better(s, g, best)):
                 best = g
         if best >= 0:
             s.heap[0] = best
@@ -770,13 +779,9 @@ def _select(s, n, t, requester, out, off):
             # only debtors can owe at t (module docstring); a debtor seen cleared is dropped
             for i in range(s.ctl[C_NUM_DEBTORS] - 1, -1, -1):
                 g = s.debtors[i]
-                p, wmax = group_normalized_debt(s.bal, s.t0, s.rho, s.beta, s.w, g, t)
-                if wmax == 0.0:
-                    _drop_debtor(s, g)
-                    s.fctl[F_PRUNE_CLOCK] = t
+                if not _score_debtor(s, g, t):
                     continue
-                s.P[g] = p
-                if p > eps and _has_candidates(s, g):
+                if s.P[g] > eps and _has_candidates(s, g):
                     s.heap[size] = g
                     size += 1
         else:  # the clock stepped back behind a drop: every group, as the spec reads

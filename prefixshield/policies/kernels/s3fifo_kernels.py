@@ -30,6 +30,8 @@ import numpy as np
 from numba import njit
 
 from prefixshield.policies.kernels.hashtable import EMPTY as _EMPTY
+from prefixshield.policies.kernels.hashtable import moves_back as _ht_moves_back
+from prefixshield.policies.kernels.hashtable import probe_pairs as _ht_probe_pairs
 from prefixshield.policies.kernels.hashtable import slot as _ht_slot
 from prefixshield.policies.kernels.hashtable import table_bits
 from prefixshield.policies.kernels.linkedlist import move_to_tail_one as _move_to_tail1
@@ -388,17 +390,6 @@ def replay_keys(keys, hits, block_of, key_of, prev, nxt, member, length, num_blo
 # keys, and no ghost key is cached or >= 2**63.
 
 @njit(cache=True, inline="always")
-def _tab_probe(tab, k, shift, mask):
-    """Slot holding key ``k``, else the empty slot where its probe ends."""
-    j = _ht_slot(k, shift)
-    while True:
-        x = tab[2 * j]
-        if x == k or x == _EMPTY:
-            return j
-        j = (j + 1) & mask
-
-
-@njit(cache=True, inline="always")
 def _tab_delete(tab, i, shift, mask, slot_of, ring, rmask):
     """Empty slot ``i`` by backward-shift deletion (as ``hashtable.delete``), repointing
     ``slot_of`` / ``ring`` at every entry it moves; the emptied slot's value is -1."""
@@ -408,9 +399,7 @@ def _tab_delete(tab, i, shift, mask, slot_of, ring, rmask):
         x = tab[2 * j]
         if x == _EMPTY:
             break
-        h = _ht_slot(x, shift)
-        # move x back to i unless its home h lies cyclically in (i, j]
-        if (i <= j and (h <= i or h > j)) or (i > j and h <= i and h > j):
+        if _ht_moves_back(_ht_slot(x, shift), i, j):
             v = tab[2 * j + 1]
             tab[2 * i] = x
             tab[2 * i + 1] = v
@@ -421,6 +410,20 @@ def _tab_delete(tab, i, shift, mask, slot_of, ring, rmask):
             i = j
     tab[2 * i] = _EMPTY
     tab[2 * i + 1] = -1
+
+
+@njit(cache=True, inline="always")
+def _ghost_trim(tab, shift, mask, slot_of, ring, rmask, head, tail, live, ghost_size):
+    """Delete the oldest live ghost entries until at most ``ghost_size`` are live (stale ring
+    positions are skipped); returns the new ``(head, live)``."""
+    while live > ghost_size and head < tail:
+        p = head
+        head += 1
+        s = ring[p & rmask]
+        if tab[2 * s + 1] == -2 - p:
+            _tab_delete(tab, s, shift, mask, slot_of, ring, rmask)
+            live -= 1
+    return head, live
 
 
 def fused_table_sizes(num_blocks: int, ghost_size: int, ghost_keys: int) -> tuple[int, int]:
@@ -460,7 +463,7 @@ def replay_keys_fused(keys, hits, block_of, key_of, prev, nxt, member, length, n
         m = member[b]
         if kk < 0 or key_of[b] != kk or key[b] != np.uint64(kk) or not (m == SMALL or m == MAIN):
             return -1
-        j = _tab_probe(tab, kk, shift, mask)
+        j = _ht_probe_pairs(tab, kk, shift, mask)
         tab[2 * j] = kk
         tab[2 * j + 1] = b
         slot_of[b] = j
@@ -479,7 +482,7 @@ def replay_keys_fused(keys, hits, block_of, key_of, prev, nxt, member, length, n
             if k >= np.uint64(1 << 63):
                 return -1
             kk = np.int64(k)
-            j = _tab_probe(tab, kk, shift, mask)
+            j = _ht_probe_pairs(tab, kk, shift, mask)
             if tab[2 * j] == kk:
                 return -1
             tab[2 * j] = kk
@@ -493,7 +496,7 @@ def replay_keys_fused(keys, hits, block_of, key_of, prev, nxt, member, length, n
     bad = 0
     for i in range(keys.shape[0]):
         kk = keys[i]
-        j = _tab_probe(tab, kk, shift, mask)
+        j = _ht_probe_pairs(tab, kk, shift, mask)
         v = tab[2 * j + 1]
         known = tab[2 * j] == kk  # cached (v >= 0) or a ghost
         if known and v >= 0:
@@ -505,14 +508,9 @@ def replay_keys_fused(keys, hits, block_of, key_of, prev, nxt, member, length, n
                 freq[v] = f + 1
             continue
         if live > ghost_size:  # select_victims' trim: only slack left before this replay
-            while live > ghost_size and head < tail:
-                p = head
-                head += 1
-                s = ring[p & rmask]
-                if tab[2 * s + 1] == -2 - p:
-                    _tab_delete(tab, s, shift, mask, slot_of, ring, rmask)
-                    live -= 1
-            j = _tab_probe(tab, kk, shift, mask)
+            head, live = _ghost_trim(tab, shift, mask, slot_of, ring, rmask, head, tail, live,
+                                     ghost_size)
+            j = _ht_probe_pairs(tab, kk, shift, mask)
             known = tab[2 * j] == kk
         # select_victims(1): truly free first, else one S3-FIFO eviction
         src = FREE
@@ -590,13 +588,8 @@ def replay_keys_fused(keys, hits, block_of, key_of, prev, nxt, member, length, n
             live += 1
         elif src != FREE:
             _tab_delete(tab, old, shift, mask, slot_of, ring, rmask)
-        while live > ghost_size and head < tail:  # trim the ghost back to ghost_size
-            p = head
-            head += 1
-            s = ring[p & rmask]
-            if tab[2 * s + 1] == -2 - p:
-                _tab_delete(tab, s, shift, mask, slot_of, ring, rmask)
-                live -= 1
+        head, live = _ghost_trim(tab, shift, mask, slot_of, ring, rmask, head, tail, live,
+                                 ghost_size)
     # write the table back into the typed-Dict state and the per-block keys
     block_of.clear()
     for j in range(mask + 1):
