@@ -2,15 +2,16 @@
 
 Cases: ``one_touch`` and ``sharegpt`` at 512 and 4,096 blocks with their real (default,
 Azure-conversation) output lengths, plus ``one_touch`` at 4,096 blocks with 16-64 output tokens
-(the case of the 50,000 requests/s target), LRU and PrefixShield. Each trace is built once
+(the case of the 50,000 requests/s target) under each of the four policies. Each trace is built once
 (C_prefill probe and generation are not timed); then the batched engine (the default) and the
 step-by-step engine (``Engine(..., batched=False)``, the bit-identical oracle of the batched
 step) run it, first once each as JIT warm-up and checked bit-identical, then interleaved, best
 of ``repeats``. The anchor of every row is the step-by-step path in the same run.
 
 The batched engine takes the fused event loop (:mod:`prefixshield.simulator.fused`, one numba
-kernel call per run) where it applies (LRU with the linear cost model: every row but
-PrefixShield's) and the per-step batched path otherwise; the ``batched path`` column says which.
+kernel call per run) where it applies (all four policies with the linear cost model: LRU,
+PrefixShield, StaticQuota and S3-FIFO) and the per-step batched path otherwise; the ``batched
+path`` column says which.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def cases(quick: bool) -> list[tuple[str, int, str, dict, str]]:
     for workload in ("one_touch", "sharegpt"):
         for blocks in (512, 4096):
             out.append((workload, blocks, "real (azure_conv)", dict(short), "lru"))
-    policies = ("lru",) if quick else ("lru", "prefixshield")
+    policies = ("lru",) if quick else ("lru", "prefixshield", "static_quota", "s3fifo")
     for p in policies:
         out.append(("one_touch", 4096, "16-64 tokens", {"output_tokens": (16, 64), **short}, p))
     return out
@@ -117,6 +118,7 @@ def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
                      f"{repeats}; both paths checked bit-identical first. Trace building and the "
                      f"C_prefill probe are not timed.")
     res.notes.append("batched path: fused = the whole event loop in one numba kernel call (LRU, "
-                     "linear cost model); per-step = one scheduler iteration per SimPy event "
-                     "(other policies)")
+                     "PrefixShield, StaticQuota, S3-FIFO; linear cost model); per-step = one "
+                     "scheduler iteration per SimPy event (a duck-typed cost model, or a trace "
+                     "too large to hash up front)")
     return res

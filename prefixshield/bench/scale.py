@@ -10,8 +10,12 @@
    linearity is not judged when the sizes took different paths). The measured phase is
    lengthened (``duration_s``, from a pilot trace's rate) until the trace holds about 10^4,
    10^5 and 10^6 requests (``--quick``: 10^3, 4 x 10^3, 1.6 x 10^4). Timed: ``Engine.run``
-   (best of ``repeats`` runs, more while they add up to less than :data:`MIN_TIMED_S`); trace
-   building is reported apart, not timed.
+   (best of ``repeats`` runs, more while they add up to less than :data:`MIN_TIMED_S`), in wall
+   seconds and in this thread's CPU seconds (user + system, least of the runs; the system part
+   is also given apart): on a shared machine the wall time includes the waits for a core, which
+   the CPU time does not. Each run starts after the previous run's engine and result are
+   released, so that a run holds only its own memory. Trace building is reported apart, not
+   timed.
 2. *Blocks* (rows ``pool + <policy>``): the simulator's
    :class:`~prefixshield.simulator.blockpool.BlockPool` with LRU, and with PrefixShield, at
    2^14, 2^17 and 2^20 blocks (``--quick``: 2^10, 2^12, 2^14), *filled*: every usable block
@@ -104,6 +108,17 @@ def verdict(ratios: list[float], quick: bool = False) -> str:
 
 
 # ------------------------------------------------------------------------------ requests
+def _system_s() -> float:
+    """System (kernel) CPU seconds of this thread so far: page faults, and the zeroing of every
+    fresh page on its first write; 0.0 where ``getrusage`` has no per-thread figure."""
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_stime
+    except (ImportError, AttributeError, OSError):
+        return 0.0
+
+
 def engine_rows(sizes, repeats: int, tick: Tick) -> list[dict]:
     """Time ``Engine.run`` on the cheap ``one_touch`` at each target request count."""
     from prefixshield.experiments.single import RunSpec, build_trace
@@ -133,23 +148,30 @@ def engine_rows(sizes, repeats: int, tick: Tick) -> list[dict]:
         t0 = time.perf_counter()
         trace = trace_for(max(1.0, (n - warmup) / rate))
         build_s = time.perf_counter() - t0
-        best, last, path = math.inf, None, "-"
+        best, best_cpu, best_sys, path, num_steps = math.inf, math.inf, math.inf, "-", 0
         timed, runs = 0.0, 0
         while runs < repeats or (timed < MIN_TIMED_S and runs < MAX_REPEATS):
+            # the previous run's engine and result go first: each run holds only its own
+            e = last = None
             e = engine(trace)
             fused = getattr(e, "fused_applies", None)
             path = ("fused" if fused() else "per-step") if fused else "default"
-            t0 = time.perf_counter()
+            c0, s0, t0 = time.thread_time(), _system_s(), time.perf_counter()
             last = e.run()
             dt = time.perf_counter() - t0
+            cpu, sys_s = time.thread_time() - c0, _system_s() - s0
             best, timed, runs = min(best, dt), timed + dt, runs + 1
+            best_cpu, best_sys = min(best_cpu, cpu), min(best_sys, sys_s)
+            num_steps = int(last.num_steps)
         num = len(trace)
         rows.append({"part": "engine + lru", "size": num,
                      "unit": "requests", "wall_s": best, "us_per_unit": best / num * 1e6,
-                     "detail": f"{path}, {int(last.num_steps):,} steps", "build_s": build_s,
-                     "steps": int(last.num_steps), "runs": runs,
+                     "cpu_s": best_cpu, "cpu_us_per_unit": best_cpu / num * 1e6,
+                     "system_s": best_sys,
+                     "detail": f"{path}, {num_steps:,} steps", "build_s": build_s,
+                     "steps": num_steps, "runs": runs,
                      "simulated_s": float(trace.requests["arrival_s"].max())})
-        del trace, last
+        del trace, e, last
         gc.collect()
     return rows
 
@@ -219,12 +241,15 @@ COLUMNS = [Column("part", "part"), Column("size", "size", ","), Column("unit", "
            Column("wall_s", "wall s", ".3f"), Column("us_per_unit", "us/unit", ".3f"),
            Column("time_slope", "slope us/unit", ".3f"),
            Column("time_slope_ratio", "slope ratio", ".2f", "x"),
+           Column("cpu_us_per_unit", "CPU us/unit", ".3f"),
+           Column("cpu_slope_ratio", "CPU slope ratio", ".2f", "x"),
            Column("bytes_per_unit", "traced B/block", ".1f"),
            Column("bytes_slope", "slope B/block", ".1f"),
            Column("bytes_slope_ratio", "slope ratio", ".2f", "x"),
            Column("array_bytes_per_unit", "array B/block", ".1f"),
            Column("detail", "detail")]
-_OPTIONAL = ("time_slope", "time_slope_ratio", "bytes_per_unit", "bytes_slope",
+_OPTIONAL = ("time_slope", "time_slope_ratio", "cpu_us_per_unit", "cpu_slope", "cpu_slope_ratio",
+             "bytes_per_unit", "bytes_slope",
              "bytes_slope_ratio", "array_bytes_per_unit", "detail")
 
 
@@ -266,13 +291,25 @@ def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
             res.extra[f"{part}: memory fit"] = {"intercept_bytes": a, "bytes_per_unit": b}
             line += (f". Memory = {a / 1024:,.0f} KiB + {b:.1f} B x block; linear in the "
                      f"blocks: {verdict(m_ratios, quick)}")
+        if rows[0].get("cpu_s") is not None:
+            c_ratios = add_slopes(rows, [r["cpu_s"] for r in rows], "cpu_slope",
+                                  "cpu_slope_ratio", per=1e6)
+            a, b = fit_line([r["size"] for r in rows], [r["cpu_s"] for r in rows])
+            res.extra[f"{part}: cpu fit"] = {"intercept_s": a, "us_per_unit": b * 1e6}
+            line += (f". CPU time (this thread, user + system) = {a:.3f} s + {b * 1e6:.3f} us x "
+                     f"{unit[:-1]}; linear: "
+                     + (verdict(c_ratios, quick) if len(paths) <= 1 else "not judged")
+                     + "; of it system (page faults, fresh pages zeroed): "
+                     + ", ".join(f"{r['system_s'] / r['size'] * 1e6:.3f}" for r in rows)
+                     + f" us/{unit[:-1]}")
         res.notes.append(line)
     res.extra.update(engine_overrides={k: list(v) if isinstance(v, tuple) else v
                                        for k, v in ENGINE_OVERRIDES.items()},
                      engine_blocks=ENGINE_BLOCKS, engine_profile=ENGINE_PROFILE,
                      repeats=repeats, linear_tolerance=LINEAR_TOLERANCE)
     res.notes.append(
-        f"engine: Engine.run wall seconds (best of at least {repeats} runs, more until they add "
+        f"engine: Engine.run wall and CPU seconds (best of at least {repeats} runs, more until "
+        f"they add "
         f"up to {MIN_TIMED_S:g} s, at most {MAX_REPEATS}: "
         + ", ".join(f"{r['runs']}" for r in res.rows if r["unit"] == "requests")
         + f") on one_touch at "

@@ -6,9 +6,11 @@ timed; CPU time is the child's user + system time from ``resource.getrusage(RUSA
 (what ``/usr/bin/time`` reports), wall time from ``time.perf_counter``. Anchors, in the same run:
 an interpreter that does nothing (``python -c pass``) and one that only imports the third-party
 packages the run path cannot do without (numpy, pandas, numba, simpy, click, rich) and loads
-numba's CPU target (which imports ``scipy.linalg`` to probe BLAS) and exits the way the CLI does
-(``gc.freeze()`` at exit, see :class:`prefixshield.cli._Program`) -- the floor our own code sits
-on; and the same imports with Python's default exit, whose final collections the CLI skips.
+numba's CPU target (which imports ``scipy.linalg`` to probe BLAS), loading and exiting the way
+the CLI does (the collector paused while these load and their objects frozen after,
+:func:`prefixshield.cli._loading`; ``gc.freeze()`` at exit, :class:`prefixshield.cli._Program`)
+-- the floor our own code sits on; and the same imports with Python's default collector and
+exit, whose collections the CLI skips.
 
 Every child gets the environment the command line sets for itself
 (:data:`prefixshield.cli.START_ENV`, so the floor is what the run cannot avoid) and runs without
@@ -31,18 +33,30 @@ from prefixshield.bench.common import Column, SectionResult, Tick, no_progress, 
 TARGET_CPU_S = 1.0
 """Issue 10: the whole ``run one_touch -p lru`` process, after a first run."""
 
-FLOOR_CODE = ("import numpy, pandas, numba, simpy, click, rich.console\n"
-              "from numba.core.registry import cpu_target\n"
-              "cpu_target.target_context.refresh()\n")
-"""The imports of the floor: third-party packages of the run path and numba's CPU target
-registries."""
+CLI_IMPORTS = "import click, rich.console\n"
+"""The floor's packages the command line imports as it starts."""
+
+RUN_IMPORTS = "import numpy, pandas, numba, simpy\n"
+"""The floor's packages the ``run`` command imports."""
+
+FLOOR_TARGET = "from numba.core.registry import cpu_target\ncpu_target.target_context.refresh()\n"
+"""numba's CPU target registries, loaded by the first kernel call (from its cache), or by ``run``
+before it (:func:`prefixshield.cli._load_numba_target`)."""
+
+FLOOR_CODE = CLI_IMPORTS + RUN_IMPORTS + FLOOR_TARGET
+"""The imports of the floor, as Python does them by default."""
+
+FLOOR_LOAD = (CLI_IMPORTS + "import gc\ngc.disable()\n" + RUN_IMPORTS + FLOOR_TARGET
+              + "gc.freeze()\ngc.enable()\n")
+"""The floor as the command line loads it: the run's imports and numba's CPU target with the
+collector paused and what they built frozen after (:func:`prefixshield.cli._loading`)."""
 
 FLOOR_EXIT = "import atexit, gc\natexit.register(gc.freeze)\n"
 """The CLI's exit (:class:`prefixshield.cli._Program`): the interpreter's final collections skip
 every object alive at exit."""
 
 FLOOR_LABEL = "import floor (numpy, pandas, numba + CPU target, simpy, click, rich)"
-DEFAULT_EXIT_LABEL = "the same imports, Python's default exit"
+DEFAULT_EXIT_LABEL = "the same imports, Python's default collector and exit"
 RUN_LABEL = "prefixshield run one_touch -p lru"
 
 
@@ -97,7 +111,7 @@ def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
     tick("start-up: first (untimed) run")
     child_times(cmd, env)
     probes = {"interpreter (python -c pass)": [sys.executable, "-c", "pass"],
-              FLOOR_LABEL: [sys.executable, "-c", FLOOR_CODE + FLOOR_EXIT],
+              FLOOR_LABEL: [sys.executable, "-c", FLOOR_EXIT + FLOOR_LOAD],
               DEFAULT_EXIT_LABEL: [sys.executable, "-c", FLOOR_CODE],
               RUN_LABEL: cmd}
     best: dict[str, tuple[float, float]] = {}

@@ -4,10 +4,9 @@ Counted with :func:`prefixshield.experiments.overhead.state_bytes`: the bytes of
 array a freshly built policy holds after ``bind_tenants`` (its struct-of-arrays state is
 allocated up front, so a full pool holds the same arrays), divided by the configured blocks;
 PrefixShield's debt-over-time series is an observability buffer and is left out (as in the
-overhead table). Entries of numba typed Dicts (S3-FIFO's ghost index) are not numpy arrays: they
-grow with use and are reported by their bound, in entries. PrefixShield's admission history
-(``history_factor x blocks`` entries, default 4x) is in arrays, its hash index included, so its
-bytes are counted. Sizes: 4,096 blocks / 32 groups and 1,048,576 / 1,024 (``--quick``: the
+overhead table). Every policy's state is numpy arrays, hash indexes included: S3-FIFO's ghost
+(a ring of keys and a table of ring positions) and PrefixShield's admission history
+(``history_factor x blocks`` entries, default 4x) are counted at their full, preallocated size. Sizes: 4,096 blocks / 32 groups and 1,048,576 / 1,024 (``--quick``: the
 first).
 
 Anchor: LRU (vLLM's free queue as intrusive lists), same size.
@@ -27,38 +26,30 @@ def steps(quick: bool) -> int:
     return 1 if quick else len(SIZES)
 
 
-def entry_bound(policy) -> int:
-    """Most typed-Dict entries the policy may hold beside its arrays (its documented bounds)."""
-    if policy.name == "s3fifo":
-        return int(policy.ghost_size)
-    return 0
-
-
 def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
     """Count the state of every policy at every size."""
     from prefixshield.experiments.overhead import CONTRACTS, OBSERVABILITY_ATTRS, state_bytes
     from prefixshield.policies import POLICIES, make_policy
 
     res = SectionResult(
-        "state", "policy state bytes per block (numpy arrays; typed-Dict entries apart)",
+        "state", "policy state bytes per block (numpy arrays, hash indexes included)",
         [Column("blocks", "blocks", ","), Column("groups", "groups", ","),
          Column("policy", "policy"), Column("bytes_per_block", "bytes / block", ".1f"),
          Column("over_lru", "/ LRU", ".2f", "x"),
-         Column("entry_bound", "typed-Dict entries (bound)", ","),
          Column("target_bytes", "target", ",")])
     for blocks, groups in SIZES[:steps(quick)]:
         tick(f"state: {blocks:,} blocks / {groups:,} groups")
-        per: dict[str, tuple[float, int]] = {}
+        per: dict[str, float] = {}
         for name in sorted(POLICIES):
             policy = make_policy(name, blocks)
             policy.bind_tenants([f"g{i}" for i in range(groups)], CONTRACTS)
             skip = {id(getattr(policy, a)) for a in OBSERVABILITY_ATTRS if hasattr(policy, a)}
             nbytes, _ = state_bytes(policy, skip)
-            per[name] = (nbytes / blocks, entry_bound(policy))
-        for name, (b, entries) in per.items():
+            per[name] = nbytes / blocks
+        for name, b in per.items():
             res.rows.append({"blocks": blocks, "groups": groups, "policy": name,
-                             "bytes_per_block": b, "over_lru": ratio(b, per["lru"][0]),
-                             "entry_bound": entries, "target_bytes": TARGET_BYTES})
+                             "bytes_per_block": b, "over_lru": ratio(b, per["lru"]),
+                             "target_bytes": TARGET_BYTES})
     worst = {r["policy"]: r["bytes_per_block"] for r in res.rows}
     res.notes.append(f"target: <= {TARGET_BYTES} bytes of policy state per block; measured "
                      + ", ".join(f"{k} {v:.1f}" for k, v in worst.items())

@@ -1,9 +1,32 @@
-"""Replacement policies. Importing this package registers every policy in ``base.POLICIES``."""
+"""Replacement policies, listed once in ``base.POLICY_MODULES`` and registered in
+``base.POLICIES``.
 
-from prefixshield.policies import lru  # noqa: F401
-from prefixshield.policies import prefixshield as _prefixshield  # noqa: F401
-from prefixshield.policies import s3fifo  # noqa: F401
-from prefixshield.policies import static_quota  # noqa: F401
-from prefixshield.policies.base import COMPAT_MODES, POLICIES, Policy, make_policy, register_policy
+A policy's module (and the numba dispatchers it builds, ~50 over all policies) is imported the
+first time the policy is looked up or its module is named: ``make_policy("lru", ...)`` or
+``import prefixshield.policies.lru`` loads LRU only, ``POLICIES["s3fifo"]`` or
+``prefixshield.policies.s3fifo`` loads S3-FIFO (PEP 562 below).
+"""
 
-__all__ = ["COMPAT_MODES", "POLICIES", "Policy", "make_policy", "register_policy"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from prefixshield.policies.base import (COMPAT_MODES, POLICIES, POLICY_MODULES, Policy,
+                                        make_policy, register_policy)
+
+_SUBMODULES = frozenset(m.rpartition(".")[2] for m in POLICY_MODULES.values())
+"""The policy modules' names: attributes of the package on first use, as when this package
+imported them all."""
+
+
+def __getattr__(name: str) -> Any:
+    """A policy module (``lru``, ``prefixshield``, ``s3fifo``, ``static_quota``), imported when
+    first asked for."""
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["COMPAT_MODES", "POLICIES", "POLICY_MODULES", "Policy", "make_policy",
+           "register_policy"]

@@ -15,6 +15,7 @@ from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 
+from prefixshield.lazyregistry import LazyRegistry
 from prefixshield.traces.contracts import Contract
 
 COMPAT_MODES = ("0.10", "current")
@@ -104,22 +105,31 @@ class Policy(ABC):
 
 
 PolicyFactory = Callable[..., Policy]
-POLICIES: dict[str, type[Policy]] = {}
-"""The registry: policy name -> class. Policies add themselves with :func:`register_policy`."""
+
+POLICY_MODULES: dict[str, str] = {
+    "lru": "prefixshield.policies.lru",
+    "prefixshield": "prefixshield.policies.prefixshield",
+    "s3fifo": "prefixshield.policies.s3fifo",
+    "static_quota": "prefixshield.policies.static_quota",
+}
+"""The one list of policies: name -> the module whose class registers itself under that name
+(:func:`register_policy`). A module is imported the first time its policy is looked up, so a run
+of one policy does not build the numba dispatchers of the others at start-up."""
+
+POLICIES = LazyRegistry("policy", POLICY_MODULES)
+"""The registry: policy name -> class, a read-only mapping (a policy's module is imported on the
+first look-up of its name); each class adds itself with :func:`register_policy`."""
 
 
 def register_policy(cls: type[Policy]) -> type[Policy]:
     """Class decorator: add ``cls`` to :data:`POLICIES` under ``cls.name``."""
-    if cls.name in POLICIES:
-        raise ValueError(f"policy {cls.name!r} registered twice")
-    POLICIES[cls.name] = cls
+    POLICIES.register(cls.name, cls)
     return cls
 
 
 def make_policy(name: str, num_blocks: int, vllm_compat: str = "current", **params) -> Policy:
-    """Build the registered policy ``name``; unknown names raise ``KeyError`` listing the known."""
-    from prefixshield import policies  # noqa: F401  (imports every policy module once)
-
+    """Build the registered policy ``name`` (importing its module on first use); unknown names
+    raise ``KeyError`` listing the known."""
     try:
         cls = POLICIES[name]
     except KeyError:

@@ -54,8 +54,6 @@ Where the block pool adds to the cache model:
 from __future__ import annotations
 
 import numpy as np
-from numba import types
-from numba.typed import Dict
 
 from prefixshield.policies.base import Policy, register_policy
 from prefixshield.policies.kernels import s3fifo_kernels as k
@@ -151,12 +149,18 @@ class S3FIFOPolicy(Policy):
         self._params[k.P_THRESHOLD] = self.move_to_main_threshold
         self._params[k.P_FREQ_CAP] = self.freq_cap
         self._params[k.P_CURRENT_MODE] = int(self.vllm_compat == "current")
-        # the ghost ring: live keys never exceed ghost_size + (blocks of one allocation) <
-        # ghost_size + num_blocks, so this capacity leaves >= num_blocks + 2 free slots after a
-        # compaction (each compaction, O(capacity), pays for >= num_blocks appends)
-        self._gkeys = np.zeros(self.ghost_size + 2 * self.num_blocks + 2, dtype=np.uint64)
-        self._gpos = np.zeros(2, dtype=np.int64)
-        self._gmap = Dict.empty(key_type=types.uint64, value_type=types.int64)
+        # the ghost: a ring of keys in FIFO order and an int32 table of ring indices (no typed
+        # Dict, so the fused event loop, compiled without numba's runtime, drives it; sizes and
+        # layout in the kernels' module docstring and k.ghost_sizes)
+        ring, bits = k.ghost_sizes(self.num_blocks, self.ghost_size)
+        if ring >= 2 ** 31 - 1:
+            raise ValueError(f"s3fifo: a ghost of {self.ghost_size:,} keys over "
+                             f"{self.num_blocks:,} blocks needs a ring of {ring:,} entries, more "
+                             "than int32 indices reach")
+        self._gkeys = np.zeros(ring, dtype=np.uint64)
+        self._gtab = np.full(1 << bits, -1, dtype=np.int32)
+        self._gpos = np.zeros(k.NUM_GPOS, dtype=np.int64)
+        self._gpos[k.G_BITS] = bits
         self._ghost_slack = 0  # keys the last allocation appended untrimmed (see kernels doc)
 
     # -- pool interface -------------------------------------------------------------------------
@@ -187,7 +191,7 @@ class S3FIFOPolicy(Policy):
         q = self._lists
         got = k.select_victims(n, out, q.prev, q.nxt, q.member, q.length, q.num_blocks,
                                self._freq, self._in_use, self._key, self._cnt, self._params,
-                               self._gkeys, self._gpos, self._gmap, True)
+                               self._gkeys, self._gtab, self._gpos, True)
         self._ghost_slack = got
         if got != n:
             raise ValueError(f"s3fifo: asked for {n} free blocks, only {got} were free")
@@ -200,7 +204,7 @@ class S3FIFOPolicy(Policy):
         bad = k.on_materialize(np.asarray(blocks, dtype=np.int32),
                                np.asarray(hashes, dtype=np.uint64), q.prev, q.nxt, q.member,
                                q.length, q.num_blocks, self._freq, self._in_use, self._key,
-                               self._cnt, self._params, self._gkeys, self._gpos, self._gmap)
+                               self._cnt, self._params, self._gkeys, self._gtab, self._gpos)
         self._ghost_slack = 0
         if bad:
             raise ValueError(f"s3fifo: {bad} materialized block(s) were truly free (never "
@@ -238,16 +242,16 @@ class S3FIFOPolicy(Policy):
         bad = -1
         if fused and not pinned and (keys.shape[0] == 0 or int(keys.min()) >= 0):
             bits, ring_len = k.fused_table_sizes(self.num_blocks, self.ghost_size,
-                                                 len(self._gmap))
+                                                 int(self._gpos[k.G_LIVE]))
             bad = k.replay_keys_fused(
                 keys, hits, block_of, key_of, q.prev, q.nxt, q.member, q.length, q.num_blocks,
-                self._freq, self._key, self._cnt, self._params, self._gkeys, self._gpos,
-                self._gmap, np.full(2 << bits, -1, dtype=np.int64), bits,
+                self._freq, self._key, self._cnt, self._params, self._gkeys, self._gtab,
+                self._gpos, np.full(2 << bits, -1, dtype=np.int64), bits,
                 np.zeros(self.num_blocks, dtype=np.int64), np.zeros(ring_len, dtype=np.int64))
         if bad < 0:  # not fused, or a state the fused kernel does not take (it changed nothing)
             bad = k.replay_keys(keys, hits, block_of, key_of, q.prev, q.nxt, q.member, q.length,
                                 q.num_blocks, self._freq, self._in_use, self._key, self._cnt,
-                                self._params, self._gkeys, self._gpos, self._gmap, self.freq_cap,
+                                self._params, self._gkeys, self._gtab, self._gpos, self.freq_cap,
                                 self.vllm_compat == "current")
         self._ghost_slack = 0
         if bad:
@@ -270,7 +274,7 @@ class S3FIFOPolicy(Policy):
         got = k.select_victims(n, out, q.prev.copy(), q.nxt.copy(), q.member.copy(),
                                q.length.copy(), q.num_blocks, self._freq.copy(),
                                self._in_use.copy(), self._key.copy(), self._cnt.copy(),
-                               self._params, self._gkeys, self._gpos, self._gmap, False)
+                               self._params, self._gkeys, self._gtab, self._gpos, False)
         return out[:got]
 
     # -- introspection --------------------------------------------------------------------------
@@ -286,7 +290,7 @@ class S3FIFOPolicy(Policy):
 
     def ghost_keys(self) -> np.ndarray:
         """Content keys in the ghost, oldest first."""
-        keys, _ = k.ghost_live_keys(self._gkeys, self._gpos, self._gmap)
+        keys, _ = k.ghost_live_keys(self._gkeys, self._gtab, self._gpos)
         return keys
 
     def stats(self) -> dict:
@@ -295,7 +299,7 @@ class S3FIFOPolicy(Policy):
         return {
             "small_blocks": int(length[k.SMALL]),
             "main_blocks": int(length[k.MAIN]),
-            "ghost_keys": len(self._gmap),
+            "ghost_keys": int(self._gpos[k.G_LIVE]),
             "truly_free_blocks": int(length[k.FREE]),
             "pinned_small": int(cnt[k.SMALL]),
             "pinned_main": int(cnt[k.MAIN]),
@@ -351,8 +355,12 @@ class S3FIFOPolicy(Policy):
         queued = q.member >= k.SMALL
         if (self._freq[~queued] != 0).any():
             raise AssertionError("a block outside the queues has a nonzero freq")
-        _, n_live = k.ghost_live_keys(self._gkeys, self._gpos, self._gmap)
+        _, n_live = k.ghost_live_keys(self._gkeys, self._gtab, self._gpos)
+        live = int(self._gpos[k.G_LIVE])
+        in_table = int(np.count_nonzero(self._gtab >= 0))
         bound = self.ghost_size + self._ghost_slack if self.ghost_size > 0 else 0
-        if n_live != len(self._gmap) or len(self._gmap) > bound:
-            raise AssertionError(f"ghost holds {len(self._gmap)} keys ({n_live} live entries), "
-                                 f"bound {bound}")
+        if n_live != live or in_table != live or live > bound:
+            raise AssertionError(f"ghost holds {live} keys ({n_live} live ring entries, "
+                                 f"{in_table} in its table), bound {bound}")
+        if not 0 <= self._gpos[k.G_TAIL] - self._gpos[k.G_HEAD] <= self._gkeys.shape[0]:
+            raise AssertionError("ghost ring window out of range")

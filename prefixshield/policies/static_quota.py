@@ -25,30 +25,27 @@ _TRULY_FREE = 0
 
 @njit(cache=True)
 def _release(prev, nxt, member, length, num_blocks, owner, occupancy, blocks, cached):
+    """``on_release``: cached blocks join their owner's list at the tail, in the given order;
+    the others lose their owner and join the truly free list at its head, reading in the given
+    order (reused first, as vLLM does). Allocates nothing (the fused engine loop calls it
+    without numba's runtime)."""
     for i in range(blocks.shape[0]):
         b = blocks[i]
         if cached[i]:
-            ll.push_tail(prev, nxt, member, length, num_blocks, 1 + owner[b], blocks[i:i + 1])
+            ll.push_tail_one(prev, nxt, member, length, num_blocks, 1 + owner[b], b)
         else:
             occupancy[owner[b]] -= 1
             owner[b] = -1
-    # truly free blocks go to the head in the given order (reused first, as vLLM does)
-    k = 0
-    for i in range(blocks.shape[0]):
+    for i in range(blocks.shape[0] - 1, -1, -1):
         if not cached[i]:
-            k += 1
-    tf = np.empty(k, dtype=np.int32)
-    k = 0
-    for i in range(blocks.shape[0]):
-        if not cached[i]:
-            tf[k] = blocks[i]
-            k += 1
-    ll.push_head(prev, nxt, member, length, num_blocks, _TRULY_FREE, tf)
+            ll.push_head_one(prev, nxt, member, length, num_blocks, _TRULY_FREE, blocks[i])
 
 
 @njit(cache=True)
-def _select(prev, nxt, member, length, num_blocks, owner, occupancy, quota, n, requester):
-    out = np.empty(n, dtype=np.int32)
+def _select(prev, nxt, member, length, num_blocks, owner, occupancy, quota, n, requester, out):
+    """``select_victims`` into ``out[:n]``: truly free blocks while the requester is below its
+    quota, then the requester's own oldest cached candidates (the caller checked ``n`` against
+    :func:`_available`)."""
     take_free = min(n, quota - occupancy[requester], length[_TRULY_FREE])
     if take_free < 0:
         take_free = 0
@@ -57,7 +54,14 @@ def _select(prev, nxt, member, length, num_blocks, owner, occupancy, quota, n, r
     for i in range(take_free):
         owner[out[i]] = requester
         occupancy[requester] += 1
-    return out
+
+
+@njit(cache=True, inline="always")
+def _available(length, occupancy, quota, requester):
+    """Free blocks ``requester`` may take: truly free ones up to its quota, plus its own free
+    cached candidates."""
+    return (min(max(0, quota - occupancy[requester]), length[_TRULY_FREE])
+            + length[1 + requester])
 
 
 @register_policy
@@ -94,16 +98,16 @@ class StaticQuotaPolicy(Policy):
 
     def select_victims(self, n: int, now: float, requester: int) -> np.ndarray:
         q = self._lists
-        return _select(q.prev, q.nxt, q.member, q.length, q.num_blocks, self.owner,
-                       self.occupancy, self.quota, n, requester)
+        out = np.empty(n, dtype=np.int32)
+        _select(q.prev, q.nxt, q.member, q.length, q.num_blocks, self.owner, self.occupancy,
+                self.quota, n, requester, out)
+        return out
 
     def num_free(self) -> int:
         return int(self._lists.length.sum())
 
     def available(self, requester: int) -> int:
-        q = self._lists
-        below = max(0, self.quota - int(self.occupancy[requester]))
-        return min(below, int(q.length[_TRULY_FREE])) + int(q.length[1 + requester])
+        return int(_available(self._lists.length, self.occupancy, self.quota, requester))
 
     def free_order(self) -> np.ndarray:
         q = self._lists

@@ -29,9 +29,10 @@ kept as the executable spec the batched one is tested against:
   whose step opens or fills a block, and Python otherwise touches only the requests that are
   admitted, preempted or finish. Most decode steps of a request (14 of every 16 with 16-token
   blocks) cost no Python at all;
-* fused (the default where it applies: the LRU policy, the linear :class:`CostModel`, no
-  ``observe``): the batched step's whole event loop -- arrivals, steps, coalesced decode
-  jumps, the pool and the free queue -- runs in one numba kernel call per run
+* fused (the default where it applies: any of the four policies, the linear
+  :class:`CostModel`, no ``observe``): the batched step's whole event loop -- arrivals, steps,
+  coalesced decode jumps, the pool and the policy's state -- runs in one numba kernel call
+  per run
   (:mod:`prefixshield.simulator.fused`), with SimPy's event order replayed exactly;
   ``fused=False`` keeps the per-step batched path.
 """
@@ -48,12 +49,16 @@ import simpy
 
 from prefixshield.policies.base import Policy
 from prefixshield.policies.lru import LRUPolicy
+from prefixshield.policies.prefixshield import PrefixShieldPolicy
+from prefixshield.policies.s3fifo import S3FIFOPolicy
+from prefixshield.policies.static_quota import StaticQuotaPolicy
 from prefixshield.simulator import batch as bk
 from prefixshield.simulator import fused as fz
 from prefixshield.simulator.blockpool import BlockPool
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import CostModel
 from prefixshield.simulator.kvcache import KVCacheManager, Sequence, make_sequence
+from prefixshield.simulator.records import build_records
 from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
 from prefixshield.traces.schema import Trace
 from prefixshield.traces.tokens import prompt_token_ids
@@ -703,12 +708,18 @@ class Engine:
     """Rows of the fused loop's first occupancy and creation buffers; None sizes them from the
     trace (they grow when a step might not fit)."""
 
+    FUSED_POLICIES = (LRUPolicy, PrefixShieldPolicy, StaticQuotaPolicy, S3FIFOPolicy)
+    """The policies (exact types) the fused loop drives."""
+
     def fused_applies(self) -> bool:
         """Whether :meth:`run` (without ``observe``) takes the fused loop: ``batched`` and
-        ``fused`` are set, the policy is exactly :class:`LRUPolicy` (the kernel inlines its free
-        queue and its no-op hooks), the cost model is exactly :class:`CostModel` (the kernel
+        ``fused`` are set, the policy is exactly :class:`LRUPolicy`, :class:`PrefixShieldPolicy`,
+        :class:`StaticQuotaPolicy` or :class:`S3FIFOPolicy` (the kernel drives their state
+        through their own event kernels; a subclass may change an event), the cost model is
+        exactly :class:`CostModel` (the kernel
         evaluates its formula), and the trace's hashes fit :attr:`FUSED_MAX_HASHES`."""
-        return (self.batched and self.fused and type(self.pool.policy) is LRUPolicy
+        return (self.batched and self.fused
+                and type(self.pool.policy) in self.FUSED_POLICIES
                 and type(self.cost) is CostModel
                 and int((self._total_tokens // self.config.block_size).sum())
                 <= self.FUSED_MAX_HASHES)
@@ -742,6 +753,42 @@ class Engine:
         ctl[fz.COALESCE] = self.coalesce_decode
         ctl[fz.STOP_AFTER_STEP] = cfg.check_invariants
         ctl[fz.POOL_BLOCKS] = pool.num_blocks
+        # the policy's state: arrays it does not use are empty
+        policy = pool.policy
+        # (same dtypes as the real ones: one compiled loop serves every policy)
+        lists = (np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32),
+                 np.zeros(0, dtype=np.int32), np.zeros(1, dtype=np.int64))
+        ps = np.zeros(0, dtype=np.uint8)
+        quota_state = (np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64))
+        s3_state = (np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.bool_),
+                    np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64),
+                    np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint64),
+                    np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64))
+        log = None
+        if type(policy) is LRUPolicy:
+            ctl[fz.POLICY] = fz.POLICY_LRU
+            q = policy._queue
+            lists = (q.prev, q.nxt, q.member, q.length)
+        elif type(policy) is StaticQuotaPolicy:
+            ctl[fz.POLICY] = fz.POLICY_STATIC_QUOTA
+            ctl[fz.QUOTA] = policy.quota
+            q = policy._lists
+            lists = (q.prev, q.nxt, q.member, q.length)
+            quota_state = (policy.owner, policy.occupancy)
+        elif type(policy) is S3FIFOPolicy:
+            ctl[fz.POLICY] = fz.POLICY_S3FIFO
+            q = policy._lists
+            lists = (q.prev, q.nxt, q.member, q.length)
+            s3_state = (policy._freq, policy._in_use, policy._key, policy._cnt, policy._params,
+                        policy._gkeys, policy._gtab, policy._gpos)
+            ctl[fz.S3_GHOST_SLACK] = policy._ghost_slack
+        else:
+            ctl[fz.POLICY] = fz.POLICY_PREFIXSHIELD
+            ps = policy._state
+            log = policy.debt_log
+            ctl[fz.MAX_SAMPLES] = log.max_samples
+            # room for the first step's samples (run_loop asks for more, as for the buffers)
+            log.reserve(self._run_ids.shape[0])
         fctl = np.zeros(fz.NUM_FCTL, dtype=np.float64)
         cm = self.cost
         fctl[fz.COST_A:fz.COST_E + 1] = (cm.a_s, cm.b_s_per_prefill_token, cm.c_s_per_decode_seq,
@@ -763,17 +810,28 @@ class Engine:
         cap = rows or 4 * n + self._run_ids.shape[0] + 1024
         cre_t = np.empty(cap, dtype=np.float64)
         cre = [np.empty(cap, dtype=np.int64) for _ in range(3)]
-        q = pool.policy._queue
         fz.start(ctl, fctl, self.arrival_s, waiting)
         while True:
+            if log is None:
+                log_cols = (np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int32),
+                            np.zeros(0, dtype=np.float64), np.zeros((0, 0), dtype=np.int64))
+                log_meta = np.zeros(3, dtype=np.int64)
+            else:
+                log_cols = (log.t, log.group, log.debt, log.classes)
+                log_meta = np.array([log.size, log.stride, log.num_charges], dtype=np.int64)
             code = fz.run_loop(
-                ctl, fctl, self.arrival_s, self.group_id, self.contract_id, self._state,
-                materialized, table, table_off, hashes, hash_off, self.first_token_s,
-                self.finish_s, self.cached_tokens, self.num_preemptions, self.num_new_blocks,
-                self._run_ids, self._num_new, self._finished, waiting, hits, victims, evicted,
-                was_free, freed, cached, order, pool.ref_cnt, pool.block_hash, pool.hash_next,
-                pool.owner_group, pool.occupancy, pool.evictions, pool._map_keys, pool._map_vals,
-                pool._map_size, q.prev, q.nxt, q.member, q.length, occ_t, occ, cre_t, *cre)
+                ctl, fctl, self.arrival_s, self.group_id, self.contract_id, self.prefix_id,
+                self._state, materialized, table, table_off, hashes, hash_off,
+                self.first_token_s, self.finish_s, self.cached_tokens, self.num_preemptions,
+                self.num_new_blocks, self._run_ids, self._num_new, self._finished, waiting, hits,
+                victims, evicted, was_free, freed, cached, order, pool.ref_cnt, pool.block_hash,
+                pool.hash_next, pool.owner_group, pool.occupancy, pool.evictions,
+                pool._map_keys, pool._map_vals, pool._map_size, *lists, ps, *log_cols,
+                log_meta, *quota_state, *s3_state, occ_t, occ, cre_t, *cre)
+            if log is not None:
+                log.size, log.stride, log.num_charges = (int(x) for x in log_meta)
+            if ctl[fz.POLICY] == fz.POLICY_S3FIFO:
+                policy._ghost_slack = int(ctl[fz.S3_GHOST_SLACK])
             if code == fz.DONE:
                 break
             if code == fz.CHECK:
@@ -795,6 +853,8 @@ class Engine:
                 if ctl[fz.NUM_CRE] + self._run_ids.shape[0] > cre_t.shape[0]:
                     cre_t = np.concatenate([cre_t, np.empty(more, dtype=np.float64)])
                     cre = [np.concatenate([c, np.empty(more, dtype=np.int64)]) for c in cre]
+                if log is not None:
+                    log.reserve(max(log.t.shape[0], self._run_ids.shape[0]))
             else:  # fz.NEVER_ADMITTED
                 r = int(ctl[fz.ERR_REQUEST])
                 raise self._never_admitted(r, int(self.prompt_tokens[r]
@@ -815,23 +875,7 @@ class Engine:
         self.env = simpy.Environment(initial_time=float(fctl[fz.NOW]))
 
     def records(self) -> pd.DataFrame:
-        """Per-request records: arrival, identity, tokens, new blocks, TTFT, latency, preemptions."""
-        df = self.trace.requests
-        return pd.DataFrame({
-            "request_id": df["request_id"].to_numpy(np.int64),
-            "arrival_s": self.arrival_s,
-            "group": df["group"].astype(str).to_numpy(),
-            "contract": df["contract"].astype(str).to_numpy(),
-            "role": df["role"].astype(str).to_numpy(),
-            "prefix_id": self.prefix_id,
-            "measured": df["measured"].to_numpy(bool),
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens,
-            "new_tokens": self.prompt_tokens - self.cached_tokens,
-            "new_blocks": self.num_new_blocks,
-            "output_tokens": self.output_tokens,
-            "hit_fraction": self.cached_tokens / self.prompt_tokens,
-            "ttft_s": self.first_token_s - self.arrival_s,
-            "e2e_s": self.finish_s - self.arrival_s,
-            "preemptions": self.num_preemptions,
-        })
+        """Per-request records: arrival, identity, tokens, new blocks, TTFT, latency, preemptions
+        (built by :func:`prefixshield.simulator.records.build_records`; columns and dtypes
+        :data:`~prefixshield.simulator.records.RECORD_COLUMNS`)."""
+        return build_records(self)

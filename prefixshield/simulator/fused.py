@@ -1,4 +1,5 @@
-"""The batched engine's whole event loop in one numba kernel (LRU, linear cost model).
+"""The batched engine's whole event loop in one numba kernel (LRU, PrefixShield, StaticQuota or
+S3-FIFO; linear cost model).
 
 :meth:`Engine._step_batched` already does the per-request work of a step in kernels, but every
 step still costs a SimPy event, a few kernel calls and Python for every request that opens or
@@ -23,10 +24,14 @@ What it models, decision for decision the same as the step-by-step oracle
   (whose kernels it calls) instead of :class:`~prefixshield.simulator.kvcache.Sequence` objects.
 * **The cache manager and block pool** (``get_computed_blocks``, ``allocate_slots``, ``free``)
   through the pool's own kernels (``_find_hits``, ``_touch``, ``_claim``, ``_cache``,
-  ``_release``), on the pool's arrays in place, and vLLM's free queue (the LRU policy's
-  linked list, both compat modes) through :mod:`~prefixshield.policies.lru`'s kernels. LRU's
-  ``on_hit`` and ``on_materialize`` are no-ops and its ``available`` is ``num_free``: that is
-  why only LRU runs here (other policies take the per-step batched path).
+  ``_release``), on the pool's arrays in place, calling the policy's events where
+  :class:`~prefixshield.simulator.blockpool.BlockPool` calls them, through the policy's own
+  kernels on its own arrays (``ctl[POLICY]`` says which): vLLM's free queue (the LRU
+  policy's linked list, both compat modes; its ``on_hit`` and ``on_materialize`` are no-ops);
+  PrefixShield's packed state (every event, its clock and its debt-log samples, as the
+  policy's methods make them); StaticQuota's lists, owners and quota (its ``available``);
+  S3-FIFO's queues, counters and ghost (a ring and an array hash table, no typed dict), and
+  its ``_ghost_slack`` bookkeeping (``ctl[S3_GHOST_SLACK]``).
 * **The linear** :class:`~prefixshield.simulator.costmodel.CostModel` evaluated in the same
   operation order as its ``step_time`` (a duck-typed cost object takes the per-step path).
 
@@ -45,8 +50,12 @@ left to arrive: the oracle's ``EngineError``).
 Speed notes. :func:`run_loop`, :func:`_allocate` and :func:`_free_request` are compiled without
 numba's reference-counted runtime (``_nrt=False``; they allocate nothing, and copy slices with
 loops): with it, every call of ``_allocate`` increfs and decrefs each of its ~35 array
-arguments and slices atomically, which was half of the loop's time. Requests whose step needs
-no block and fills none skip ``_allocate`` altogether (most decode steps).
+arguments and slices atomically, which was half of the loop's time. The policies' event kernels
+that the loop calls are separate functions compiled the same way (PrefixShield's through the
+``_ps_*`` wrappers below, S3-FIFO's in :mod:`~prefixshield.policies.kernels.s3fifo_kernels`),
+called, not inlined: with a policy's kernels inlined into ``_allocate`` the loop took minutes
+to compile. Requests whose step needs no block and fills none skip ``_allocate`` altogether
+(most decode steps).
 
 Units: tokens; blocks where a name says so; seconds (float64) for times.
 """
@@ -58,6 +67,9 @@ from numba import njit
 
 from prefixshield.policies import lru
 from prefixshield.policies.kernels import linkedlist as ll
+from prefixshield.policies.kernels import prefixshield_kernels as psk
+from prefixshield.policies.kernels import s3fifo_kernels as s3k
+from prefixshield.policies import static_quota as sq
 from prefixshield.simulator import batch as bk
 from prefixshield.simulator.blockpool import _cache, _claim, _find_hits, _release, _touch
 from prefixshield.simulator.creation import CreationLog
@@ -145,7 +157,31 @@ CURRENT_MODE = 27
 COALESCE = 28
 STOP_AFTER_STEP = 29
 POOL_BLOCKS = 30
-NUM_CTL = 32
+POLICY = 31
+"""Which policy the loop drives: :data:`POLICY_LRU`, :data:`POLICY_PREFIXSHIELD`,
+:data:`POLICY_STATIC_QUOTA` or :data:`POLICY_S3FIFO`."""
+MAX_SAMPLES = 32
+"""PrefixShield's ``max_debt_samples`` (its debt log's bound, see ``_debt_log_append``)."""
+QUOTA = 33
+"""StaticQuota's per-group quota (blocks)."""
+S3_GHOST_SLACK = 34
+"""S3-FIFO's ``_ghost_slack``: blocks its last ``select_victims`` took, 0 after an
+``on_materialize`` (read in and written back by the caller)."""
+NUM_CTL = 35
+
+# Policies the loop drives (ctl[POLICY]).
+POLICY_LRU = 0
+"""vLLM's free queue, the LRU policy's linked list (``prev`` .. ``length``)."""
+POLICY_PREFIXSHIELD = 1
+"""PrefixShield's packed state (``ps``) and debt log (``log_*``), through its own event kernels."""
+POLICY_STATIC_QUOTA = 2
+"""StaticQuota's lists (``prev`` .. ``length``: truly free, then one per group) and its own
+``owner``/``occupancy`` (``q_owner``, ``q_occupancy``), through its kernels."""
+POLICY_S3FIFO = 3
+"""S3-FIFO's lists (``prev`` .. ``length``: truly free, small, main) and its own arrays
+(``s3_freq`` .. ``s3_gpos``: freq, pinned flags, keys, counters, parameters, ghost ring, ghost
+table, ghost positions), through its own event kernels (compiled without numba's runtime)."""
+
 
 # fctl slots (float64).
 NOW = 0
@@ -173,11 +209,67 @@ def _schedule_engine_event(ctl, fctl, t):
     ctl[EID] += 1
 
 
+# PrefixShield's events on its packed state ``ps``, each a function of its own (not inlined:
+# with its kernels inlined into _allocate the loop took minutes to compile). Each advances the
+# policy's clock first, as the policy's methods do (``_tick``).
+@njit(cache=True, inline="always")
+def _tick(s, now):
+    if now > s.fctl[psk.F_CLOCK]:
+        s.fctl[psk.F_CLOCK] = now
+
+
+@njit(cache=True, _nrt=False)
+def _ps_hit(ps, blocks, g, c, pid, now):
+    """``on_hit``."""
+    s = psk.state(ps)
+    _tick(s, now)
+    psk._hit(s, blocks, g, c, pid, now)
+
+
+@njit(cache=True, _nrt=False)
+def _ps_acquire(ps, blocks):
+    """``on_acquire``."""
+    psk._acquire(psk.state(ps), blocks)
+
+
+@njit(cache=True, _nrt=False)
+def _ps_select(ps, n, now, requester, out):
+    """``select_victims`` into ``out[:n]`` (it advances the clock itself)."""
+    psk._select(psk.state(ps), n, now, requester, out, 0)
+
+
+@njit(cache=True, _nrt=False)
+def _ps_materialize(ps, blocks, g, c, pid, now, log_t, log_g, log_d, log_cls, log_meta,
+                    max_samples):
+    """``on_materialize``, its debt-log sample included."""
+    s = psk.state(ps)
+    _tick(s, now)
+    psk._materialize(s, blocks, g, c, pid, now)
+    psk._debt_log_append(log_t, log_g, log_d, log_cls, log_meta, max_samples, now, g, s)
+
+
+@njit(cache=True, _nrt=False)
+def _ps_release(ps, blocks, cached, now):
+    """``on_release``."""
+    s = psk.state(ps)
+    _tick(s, now)
+    psk._release(s, blocks, cached)
+
+
+@njit(cache=True, _nrt=False)
+def _ps_num_free(ps):
+    """``num_free``."""
+    glen = psk.state(ps).glen
+    return glen[0] + glen[1] + glen[2] + glen[3]
+
+
 @njit(cache=True, _nrt=False)
 def _free_request(r, ctl, now, state, table, table_off, ref_cnt, block_hash, owner, occupancy,
-                  freed, cached, order, prev, nxt, member, length):
+                  freed, cached, order, prev, nxt, member, length, ps, q_owner, q_occupancy,
+                  s3_in_use, s3_key, s3_cnt):
     """``KVCacheManager.free``: release request ``r``'s blocks tail first, hand the ones
-    reaching ref_cnt 0 to the LRU queue; the row's blocks and computed tokens drop to 0."""
+    reaching ref_cnt 0 to the policy (``on_release``); the row's blocks and computed tokens
+    drop to 0."""
     nb = state[r, bk.NUM_BLOCKS]
     if nb:
         off = table_off[r]
@@ -185,21 +277,52 @@ def _free_request(r, ctl, now, state, table, table_off, ref_cnt, block_hash, own
             order[j] = table[off + nb - 1 - j]
         k = _release(order[:nb], ref_cnt, block_hash, owner, occupancy, freed, cached)
         if k:
-            lru._release(freed[:k], cached[:k], ctl[CURRENT_MODE] != 0, prev, nxt, member,
-                         length, ctl[POOL_BLOCKS])
+            if ctl[POLICY] == POLICY_LRU:
+                lru._release(freed[:k], cached[:k], ctl[CURRENT_MODE] != 0, prev, nxt, member,
+                             length, ctl[POOL_BLOCKS])
+            elif ctl[POLICY] == POLICY_STATIC_QUOTA:
+                sq._release(prev, nxt, member, length, ctl[POOL_BLOCKS], q_owner, q_occupancy,
+                            freed[:k], cached[:k])
+            elif ctl[POLICY] == POLICY_S3FIFO:
+                s3k.on_release(freed[:k], cached[:k], prev, nxt, member, length,
+                               ctl[POOL_BLOCKS], s3_in_use, s3_key, s3_cnt,
+                               ctl[CURRENT_MODE] != 0)
+            else:
+                _ps_release(ps, freed[:k], cached[:k], now)
     state[r, bk.NUM_BLOCKS] = 0
     state[r, bk.NUM_CACHED] = 0
     state[r, bk.COMPUTED] = 0
 
 
+@njit(cache=True, inline="always")
+def _available(ctl, length, ps, q_occupancy, s3_cnt, requester):
+    """The policy's ``available(requester)``: every free block (``num_free``) for LRU,
+    PrefixShield and S3-FIFO (truly free plus unpinned queued blocks), StaticQuota's cap for
+    its groups."""
+    if ctl[POLICY] == POLICY_LRU:
+        return length[0]
+    if ctl[POLICY] == POLICY_STATIC_QUOTA:
+        return sq._available(length, q_occupancy, ctl[QUOTA], requester)
+    if ctl[POLICY] == POLICY_S3FIFO:
+        return (length[s3k.FREE] + length[s3k.SMALL] - s3_cnt[s3k.SMALL] + length[s3k.MAIN]
+                - s3_cnt[s3k.MAIN])
+    return _ps_num_free(ps)
+
+
 @njit(cache=True, _nrt=False)
 def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, state, materialized, table,
-              table_off, hashes, hash_off, group_id, contract_id, hits, victims, evicted,
-              was_free, ref_cnt, block_hash, hash_next, owner, occupancy, evictions, map_keys,
-              map_vals, map_size, prev, nxt, member, length, cre_t, cre_g, cre_c, cre_b):
+              table_off, hashes, hash_off, group_id, contract_id, prefix_id, hits, victims,
+              evicted, was_free, ref_cnt, block_hash, hash_next, owner, occupancy, evictions,
+              map_keys, map_vals, map_size, prev, nxt, member, length, ps, log_t, log_g, log_d,
+              log_cls, log_meta, q_owner, q_occupancy, s3_freq, s3_in_use, s3_key, s3_cnt,
+              s3_params, s3_gkeys, s3_gtab, s3_gpos, cre_t, cre_g, cre_c, cre_b):
     """``KVCacheManager.allocate_slots`` of request ``r`` (hits ``hits[:num_hit]``, reservation
-    ``reserve`` tokens) under LRU; False if the blocks do not fit (nothing changed then)."""
+    ``reserve`` tokens) under the policy ``ctl[POLICY]``; False if the blocks do not fit
+    (nothing changed then). The pool calls the policy's events in :class:`BlockPool`'s order:
+    ``on_hit`` then ``on_acquire`` (touch), ``select_victims`` (take), ``on_materialize`` after
+    the creation record (cache)."""
     B = ctl[BLOCK_SIZE]
+    kind = ctl[POLICY]
     nb0 = state[r, bk.NUM_BLOCKS]
     num_computed = state[r, bk.COMPUTED] + num_hit * B
     need_slot = num_computed + num_new_tokens
@@ -208,15 +331,27 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, state, materialized
     for j in range(num_hit):
         if ref_cnt[hits[j]] == 0:
             need += 1
-    if need and need > length[0]:
-        return False
     g = group_id[r]
+    if need and need > _available(ctl, length, ps, q_occupancy, s3_cnt, g):
+        return False
+    c = contract_id[r]
     off = table_off[r]
     if num_hit:
-        # pool.touch: LRU's on_hit is a no-op; on_acquire unlinks the blocks that were free
+        # pool.touch: on_hit (a no-op for LRU and StaticQuota), then on_acquire of the blocks
+        # that were free (LRU and StaticQuota unlink them from their lists; S3-FIFO pins them
+        # where they are)
+        if kind == POLICY_PREFIXSHIELD:
+            _ps_hit(ps, hits[:num_hit], g, c, prefix_id[r], now)
+        elif kind == POLICY_S3FIFO:
+            s3k.on_hit(hits[:num_hit], member, s3_freq, s3_params[s3k.P_FREQ_CAP])
         nf = _touch(ref_cnt, hits[:num_hit], was_free)
         if nf:
-            ll.unlink(prev, nxt, member, length, was_free[:nf])
+            if kind == POLICY_PREFIXSHIELD:
+                _ps_acquire(ps, was_free[:nf])
+            elif kind == POLICY_S3FIFO:
+                s3k.on_acquire(was_free[:nf], member, s3_in_use, s3_cnt)
+            else:
+                ll.unlink(prev, nxt, member, length, was_free[:nf])
         for j in range(num_hit):
             table[off + nb0 + j] = hits[j]
         nb0 += num_hit
@@ -226,8 +361,20 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, state, materialized
             state[r, bk.NUM_CACHED] = num_hit
     num_new_blocks = _cdiv(need_slot, B) - nb0
     if num_new_blocks > 0:
-        # pool.take_new_blocks: LRU's select_victims pops the queue's head
-        ll.pop_head(prev, nxt, member, length, ctl[POOL_BLOCKS], 0, num_new_blocks, victims, 0)
+        # pool.take_new_blocks: the policy's select_victims (LRU pops the queue's head)
+        if kind == POLICY_LRU:
+            ll.pop_head(prev, nxt, member, length, ctl[POOL_BLOCKS], 0, num_new_blocks, victims,
+                        0)
+        elif kind == POLICY_STATIC_QUOTA:
+            sq._select(prev, nxt, member, length, ctl[POOL_BLOCKS], q_owner, q_occupancy,
+                       ctl[QUOTA], num_new_blocks, g, victims)
+        elif kind == POLICY_S3FIFO:
+            # (all of them are free: the fit check above)
+            ctl[S3_GHOST_SLACK] = s3k.select_victims(
+                num_new_blocks, victims, prev, nxt, member, length, ctl[POOL_BLOCKS], s3_freq,
+                s3_in_use, s3_key, s3_cnt, s3_params, s3_gkeys, s3_gtab, s3_gpos, True)
+        else:
+            _ps_select(ps, num_new_blocks, now, g, victims)
         k = _claim(victims[:num_new_blocks], ref_cnt, block_hash, map_keys, map_vals, map_size,
                    hash_next, owner, occupancy, evictions, g, evicted)
         ctl[NUM_EVICTED] += k
@@ -243,30 +390,40 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, state, materialized
         h0 = hash_off[r]
         _cache(table[off + lo:off + num_full], hashes[h0 + lo:h0 + num_full], block_hash,
                map_keys, map_vals, map_size, hash_next)
-        # pool.creations.append; LRU's on_materialize is a no-op
-        c = ctl[NUM_CRE]
-        cre_t[c] = now
-        cre_g[c] = g
-        cre_c[c] = contract_id[r]
-        cre_b[c] = num_full - lo
-        ctl[NUM_CRE] = c + 1
+        # pool.creations.append, then on_materialize (a no-op for LRU and StaticQuota)
+        cn = ctl[NUM_CRE]
+        cre_t[cn] = now
+        cre_g[cn] = g
+        cre_c[cn] = c
+        cre_b[cn] = num_full - lo
+        ctl[NUM_CRE] = cn + 1
+        if kind == POLICY_PREFIXSHIELD:
+            _ps_materialize(ps, table[off + lo:off + num_full], g, c, prefix_id[r], now, log_t,
+                            log_g, log_d, log_cls, log_meta, ctl[MAX_SAMPLES])
+        elif kind == POLICY_S3FIFO:
+            s3k.on_materialize(table[off + lo:off + num_full], hashes[h0 + lo:h0 + num_full],
+                               prev, nxt, member, length, ctl[POOL_BLOCKS], s3_freq, s3_in_use,
+                               s3_key, s3_cnt, s3_params, s3_gkeys, s3_gtab, s3_gpos)
+            ctl[S3_GHOST_SLACK] = 0
         materialized[r] += num_full - lo
         state[r, bk.NUM_CACHED] = num_full
     return True
 
 
 @njit(cache=True, _nrt=False)
-def run_loop(ctl, fctl, arrival_s, group_id, contract_id, state, materialized, table, table_off,
-             hashes, hash_off, first_token_s, finish_s, cached_tokens, num_preemptions,
-             num_new_blocks, run_ids, num_new, finished, waiting, hits, victims, evicted,
-             was_free, freed, cached, order, ref_cnt, block_hash, hash_next, owner, occupancy,
-             evictions, map_keys, map_vals, map_size, prev, nxt, member, length, occ_t, occ,
-             cre_t, cre_g, cre_c, cre_b):
+def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, materialized, table,
+             table_off, hashes, hash_off, first_token_s, finish_s, cached_tokens,
+             num_preemptions, num_new_blocks, run_ids, num_new, finished, waiting, hits, victims,
+             evicted, was_free, freed, cached, order, ref_cnt, block_hash, hash_next, owner,
+             occupancy, evictions, map_keys, map_vals, map_size, prev, nxt, member, length, ps,
+             log_t, log_g, log_d, log_cls, log_meta, q_owner, q_occupancy, s3_freq, s3_in_use,
+             s3_key, s3_cnt, s3_params, s3_gkeys, s3_gtab, s3_gpos, occ_t, occ, cre_t, cre_g,
+             cre_c, cre_b):
     """Run the engine's event loop from the state in ``ctl`` / ``fctl`` until it returns.
 
     Args (all updated in place; ids index the trace's rows):
         ctl, fctl: loop state and configuration (the slot constants of this module).
-        arrival_s, group_id, contract_id: per request (seconds; ids).
+        arrival_s, group_id, contract_id, prefix_id: per request (seconds; ids).
         state: the batch matrix of :mod:`~prefixshield.simulator.batch` (one row per request).
         materialized: per request, full blocks it computed and cached over its life.
         table, table_off: flat block tables and each request's offset in them.
@@ -276,7 +433,14 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, state, materialized, t
             this step, scratch for finished positions (``min(max_num_seqs, n) + 1`` each).
         waiting: ring buffer of request ids (``n + 1``).
         hits, victims, evicted, was_free, freed, cached, order: per-block scratch.
-        ref_cnt ... map_size: the block pool's arrays; prev ... length: the LRU queue's.
+        ref_cnt ... map_size: the block pool's arrays.
+        prev ... length: the LRU queue's, or StaticQuota's lists (else unread).
+        ps, log_t, log_g, log_d, log_cls, log_meta: PrefixShield's packed state and its debt
+            log's columns and (size, stride, charges) (:data:`POLICY_PREFIXSHIELD`; else
+            unread).
+        q_owner, q_occupancy: StaticQuota's owner per block and blocks per group
+            (:data:`POLICY_STATIC_QUOTA`; else unread).
+        s3_freq ... s3_gpos: S3-FIFO's arrays (:data:`POLICY_S3FIFO`; else unread).
         occ_t, occ: occupancy series (times, blocks per group), ``ctl[NUM_OCC]`` rows used.
         cre_t, cre_g, cre_c, cre_b: creation log columns, ``ctl[NUM_CRE]`` rows used.
 
@@ -294,7 +458,11 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, state, materialized, t
         now = fctl[NOW]
         if es == E_TOP:
             if (ctl[NUM_OCC] + 1 > occ_t.shape[0]
-                    or ctl[NUM_CRE] + run_ids.shape[0] > cre_t.shape[0]):
+                    or ctl[NUM_CRE] + run_ids.shape[0] > cre_t.shape[0]
+                    or (log_t.shape[0] < ctl[MAX_SAMPLES]
+                        and log_meta[0] + run_ids.shape[0] > log_t.shape[0])):
+                # a step caches blocks of each scheduled request at most once: at most
+                # run_ids.shape[0] creation rows and debt-log samples
                 return GROW
             nrun = ctl[NUM_RUNNING]
             if nrun == 0 and ctl[WAIT_COUNT] == 0:
@@ -325,17 +493,22 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, state, materialized, t
                     continue
                 self_preempted = False
                 while not _allocate(r, k, 0, 0, ctl, now, state, materialized, table,
-                                    table_off, hashes, hash_off, group_id, contract_id, hits,
-                                    victims, evicted, was_free, ref_cnt, block_hash, hash_next,
-                                    owner, occupancy, evictions, map_keys, map_vals, map_size,
-                                    prev, nxt, member, length, cre_t, cre_g, cre_c, cre_b):
+                                    table_off, hashes, hash_off, group_id, contract_id,
+                                    prefix_id, hits, victims, evicted, was_free, ref_cnt,
+                                    block_hash, hash_next, owner, occupancy, evictions,
+                                    map_keys, map_vals, map_size, prev, nxt, member, length, ps,
+                                    log_t, log_g, log_d, log_cls, log_meta, q_owner,
+                                    q_occupancy, s3_freq, s3_in_use, s3_key, s3_cnt,
+                                    s3_params, s3_gkeys, s3_gtab, s3_gpos, cre_t, cre_g,
+                                    cre_c, cre_b):
                     preempted = True
                     # preempt the newest running request (recompute): it waits at the head
                     nrun -= 1
                     victim = run_ids[nrun]
                     _free_request(victim, ctl, now, state, table, table_off, ref_cnt,
                                   block_hash, owner, occupancy, freed, cached, order, prev, nxt,
-                                  member, length)
+                                  member, length, ps, q_owner, q_occupancy, s3_in_use,
+                                  s3_key, s3_cnt)
                     num_preemptions[victim] += 1
                     h = (ctl[WAIT_HEAD] - 1) % wcap
                     waiting[h] = victim
@@ -363,10 +536,14 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, state, materialized, t
                     k = min(num_tokens - nh * B, budget)
                     reserve = num_tokens if ctl[RESERVE_FULL] else 0
                     if not _allocate(r, k, nh, reserve, ctl, now, state, materialized, table,
-                                     table_off, hashes, hash_off, group_id, contract_id, hits,
-                                     victims, evicted, was_free, ref_cnt, block_hash, hash_next,
-                                     owner, occupancy, evictions, map_keys, map_vals, map_size,
-                                     prev, nxt, member, length, cre_t, cre_g, cre_c, cre_b):
+                                     table_off, hashes, hash_off, group_id, contract_id,
+                                     prefix_id, hits, victims, evicted, was_free, ref_cnt,
+                                     block_hash, hash_next, owner, occupancy, evictions,
+                                     map_keys, map_vals, map_size, prev, nxt, member, length, ps,
+                                     log_t, log_g, log_d, log_cls, log_meta, q_owner,
+                                     q_occupancy, s3_freq, s3_in_use, s3_key, s3_cnt,
+                                     s3_params, s3_gkeys, s3_gtab, s3_gpos, cre_t, cre_g,
+                                     cre_c, cre_b):
                         head_blocked = True
                         break
                     ctl[WAIT_HEAD] = (ctl[WAIT_HEAD] + 1) % wcap
@@ -465,7 +642,8 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, state, materialized, t
             r = run_ids[finished[j]]
             num_new_blocks[r] = materialized[r]
             _free_request(r, ctl, now, state, table, table_off, ref_cnt, block_hash, owner,
-                          occupancy, freed, cached, order, prev, nxt, member, length)
+                          occupancy, freed, cached, order, prev, nxt, member, length, ps,
+                          q_owner, q_occupancy, s3_in_use, s3_key, s3_cnt)
         if num_finished:
             nrun = bk.remove_positions(run_ids, nrun, finished, num_finished)
             ctl[NUM_RUNNING] = nrun

@@ -5,23 +5,37 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Mapping
 
+from prefixshield.lazyregistry import LazyRegistry
 from prefixshield.traces.contracts import Contract
 from prefixshield.traces.schema import Trace
 
-WORKLOADS: dict[str, Callable[..., Trace]] = {}
+WORKLOAD_MODULES: dict[str, str] = {
+    "borrowing": "prefixshield.workloads.borrowing",
+    "delayed_replay": "prefixshield.workloads.delayed_replay",
+    "low_and_slow": "prefixshield.workloads.low_and_slow",
+    "one_touch": "prefixshield.workloads.one_touch",
+    "searched_attack": "prefixshield.workloads.searched_attack",
+    "servegen": "prefixshield.workloads.servegen",
+    "sharegpt": "prefixshield.workloads.sharegpt",
+    "bursty_sharegpt": "prefixshield.workloads.sharegpt",
+    "two_pass_replay": "prefixshield.workloads.two_pass_replay",
+}
+"""The one list of workloads: name -> the module whose generator registers itself under that name
+(:func:`register`). A module is imported the first time its workload is looked up, so a run of
+one workload does not build the others' params dataclasses at start-up."""
+
+WORKLOADS = LazyRegistry("workload", WORKLOAD_MODULES, duplicate=RuntimeError)
 """Workload name -> generator ``fn(params=None) -> Trace``; ``fn.params_type`` is its params
-dataclass. The only place a workload is registered (each workload module decorates its
-generator with :func:`register`)."""
+dataclass. A read-only mapping: each workload module decorates its generator with
+:func:`register`, and is imported on the first look-up of its name."""
 
 
 def register(name: str, params_type: type) -> Callable[[Callable], Callable]:
     """Decorator: add a generator to :data:`WORKLOADS` under ``name`` with ``params_type``."""
     def deco(fn: Callable) -> Callable:
-        if name in WORKLOADS:
-            raise RuntimeError(f"workload {name!r} registered twice")
         fn.params_type = params_type  # type: ignore[attr-defined]
         fn.workload_name = name  # type: ignore[attr-defined]
-        WORKLOADS[name] = fn
+        WORKLOADS.register(name, fn)
         return fn
     return deco
 

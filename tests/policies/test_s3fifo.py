@@ -265,3 +265,32 @@ def test_a_running_requests_hit_blocks_are_kept_in_the_pool():
     assert p.queue("small").tolist() == a_blocks[:2]
     assert p.freq(a_blocks[:2]).tolist() == [1, 1]
     m.pool.check_invariants()
+
+
+def test_the_array_ghost_takes_any_uint64_key_and_keeps_fifo_order_through_compactions():
+    # The ghost is a ring of keys plus a table of ring indices (no reserved key value): keys 0
+    # and 2**64 - 1 must behave like any other. Many ghost hits leave stale ring entries, so
+    # the ring (18 + 21 + 5 + 2 = 46 entries here) is compacted many times; the ghost must stay
+    # the reference's OrderedDict, key for key, with multi-block allocations (untrimmed slack).
+    from prefixshield.policies.reference import ReferenceS3FIFO
+
+    rng = np.random.default_rng(7)
+    universe = np.array([0, 2**64 - 1, 2**63, 1, 2**63 - 1]
+                        + list(range(100, 135)), dtype=np.uint64)
+    ours, ref = make_policy("s3fifo", 21), ReferenceS3FIFO(21)
+    for step in range(3000):
+        n = int(rng.integers(1, 4))
+        keys = universe[rng.choice(universe.size, n, replace=False)]
+        got = [p.select_victims(n, 0.0, 0) for p in (ours, ref)]
+        assert got[0].tolist() == got[1].tolist(), step
+        for p, b in zip((ours, ref), got):
+            p.on_materialize(b, keys, 0, 0, 0, 0.0)
+            p.on_release(b, np.ones(n, dtype=np.bool_), 0.0)
+        if step % 3 == 0:  # a hit keeps some content in main
+            b = arr(int(got[0][0]))
+            for p in (ours, ref):
+                p.on_hit(b, 0, 0, 0, 0.0)
+        assert ours.ghost_keys().tolist() == [int(k) for k in ref.ghost], step
+        ours.check_invariants()
+    assert ours.stats()["ghost_hits"] == ref.counts["ghost_hits"] > 200
+    assert ours._gpos[1] - ours._gpos[0] <= ours._gkeys.shape[0]

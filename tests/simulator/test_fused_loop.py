@@ -1,10 +1,12 @@
 """The fused event loop (one numba kernel per run) against the step-by-step oracle.
 
-``Engine(...)`` with LRU and the linear cost model runs the whole event loop in
+``Engine(...)`` with LRU, PrefixShield, StaticQuota or S3-FIFO and the linear cost model runs
+the whole event loop in
 :func:`prefixshield.simulator.fused.run_loop`; ``Engine(..., batched=False)`` is the oracle and
 ``Engine(..., fused=False)`` the per-step batched path. All three must agree bit for bit:
-records, occupancy series, eviction matrix, policy stats, creation log, step and event counts,
-and the pool and free queue they leave behind.
+records, occupancy series, eviction matrix, policy stats (PrefixShield's debt samples and class
+snapshots included), creation log, step and event counts, and the pool and free order they
+leave behind.
 """
 
 import numpy as np
@@ -21,6 +23,8 @@ from prefixshield.simulator.hashing import chain_block_hashes
 from prefixshield.workloads import WORKLOADS, generate
 
 COMPATS = ("0.10", "current")
+FUSED_POLICIES = ("lru", "prefixshield", "static_quota", "s3fifo")
+"""The policies the fused loop drives."""
 PROFILE_COST = load_profile("l4-qwen2.5-1.5b").cost
 
 
@@ -39,14 +43,31 @@ def assert_same_pool(a: Engine, b: Engine) -> None:
     assert pa.num_evicted_total == pb.num_evicted_total
     assert np.array_equal(pa.last_evicted, pb.last_evicted)
     assert np.array_equal(pa.policy.free_order(), pb.policy.free_order())
+    if hasattr(pa.policy, "_state"):  # PrefixShield: every byte of its packed state
+        assert np.array_equal(pa.policy._state, pb.policy._state), "policy state differs"
+    if hasattr(pa.policy, "quota"):  # StaticQuota's own owners and occupancy
+        assert np.array_equal(pa.policy.owner, pb.policy.owner), "quota owners differ"
+        assert np.array_equal(pa.policy.occupancy, pb.policy.occupancy), "quota occupancy"
+    if pa.policy.name == "s3fifo":  # S3-FIFO's own arrays, its ghost in FIFO order
+        for name in ("_freq", "_in_use", "_key", "_cnt"):
+            assert np.array_equal(getattr(pa.policy, name), getattr(pb.policy, name)), name
+        for q in ("free", "small", "main"):
+            assert np.array_equal(pa.policy.queue(q), pb.policy.queue(q)), q
+        assert np.array_equal(pa.policy.ghost_keys(), pb.policy.ghost_keys()), "ghost"
+        assert pa.policy._ghost_slack == pb.policy._ghost_slack, "ghost slack"
+        pa.policy.check_invariants()
+        pb.policy.check_invariants()
 
 
-def three_paths(trace, config: EngineConfig, cost=PROFILE_COST, coalesce: bool = True):
+def three_paths(trace, config: EngineConfig, cost=PROFILE_COST, coalesce: bool = True,
+                policy: str = "lru", **params):
     """Runs of the oracle, the per-step batched path and the fused loop (asserted to be the
-    fused loop), all checked equal; None if the trace cannot run (same error on all three)."""
+    fused loop) under ``policy`` (with constructor ``params``), all checked equal; None if the
+    trace cannot run (same error on all three)."""
     engines, results, errors = [], [], []
     for kw in (dict(batched=False), dict(fused=False), dict()):
-        engine = Engine(trace, make_policy("lru", config.num_blocks, config.vllm_compat), cost,
+        engine = Engine(trace, make_policy(policy, config.num_blocks, config.vllm_compat,
+                                           **params), cost,
                         config, coalesce_decode=coalesce, **kw)
         assert engine.fused_applies() == (kw == {})
         try:
@@ -64,25 +85,27 @@ def three_paths(trace, config: EngineConfig, cost=PROFILE_COST, coalesce: bool =
     return results[2]
 
 
+@pytest.mark.parametrize("policy", FUSED_POLICIES)
 @pytest.mark.parametrize("workload", sorted(WORKLOADS))
 @pytest.mark.parametrize("compat", COMPATS)
-def test_every_workload_runs_bit_identical_in_the_fused_loop(workload, compat):
+def test_every_workload_runs_bit_identical_in_the_fused_loop(workload, compat, policy):
     trace = small_trace(workload, seed=1)
     # 512 blocks (the default), and a pool small enough to preempt and evict, with the
     # pool's and the batch's invariants checked after every step (one kernel call per step).
     for num_blocks, check in ((512, False), (160, True)):
         three_paths(trace, EngineConfig(num_blocks=num_blocks, vllm_compat=compat,
-                                        check_invariants=check))
+                                        check_invariants=check), policy=policy)
 
 
+@pytest.mark.parametrize("policy", FUSED_POLICIES)
 @pytest.mark.parametrize("compat", COMPATS)
 @pytest.mark.parametrize("coalesce", [True, False])
-def test_bench_setting_is_bit_identical_in_the_fused_loop(compat, coalesce):
+def test_bench_setting_is_bit_identical_in_the_fused_loop(compat, coalesce, policy):
     # one_touch at 4,096 blocks with 16-64 output tokens (the engine bench's target row)
     trace = generate("one_touch", duration_s=20.0, seed=2, num_blocks=4096,
                      output_tokens=(16, 64))
     result = three_paths(trace, EngineConfig(num_blocks=4096, vllm_compat=compat),
-                         coalesce=coalesce)
+                         coalesce=coalesce, policy=policy)
     assert result is not None and result.evictions.sum() > 0
 
 
@@ -100,21 +123,74 @@ def test_the_fused_runs_exercise_preemption_chunking_and_eviction():
     assert preemptions > 0 and evictions > 0 and hits > 0
 
 
+def test_the_fused_prefixshield_runs_exercise_debt_gating_and_reclamation():
+    # Guard for PrefixShield's fused runs: at a small pool these workloads must gate and grant
+    # promotions and reclaim from more than one owner, and the debt log (a bound of 64
+    # samples) must fill and thin out -- the kernel's paths the LRU runs skip.
+    stats, evictions = [], []
+    for workload in ("delayed_replay", "sharegpt", "two_pass_replay"):
+        result = three_paths(small_trace(workload, seed=1), EngineConfig(num_blocks=160),
+                             policy="prefixshield", max_debt_samples=64)
+        assert result is not None
+        stats.append(result.policy_stats)
+        evictions.append(result.evictions)
+    assert sum(sum(s["promotions_gated"].values()) for s in stats) > 0
+    assert sum(sum(s["promotions_granted"].values()) for s in stats) > 0
+    assert all(len(s["debt_samples"]["t_s"]) <= 64 for s in stats)
+    assert any(s["debt_samples"]["stride"] > 1 for s in stats)
+    assert any(np.count_nonzero(e.sum(axis=0)) > 1 for e in evictions)
+
+
+def test_the_fused_static_quota_runs_reach_the_quota():
+    # Guard for StaticQuota's fused runs: groups reach their quota and reclaim their own
+    # cached blocks, never another group's (the path its kernels add). 320 blocks: the
+    # largest request of these two-group workloads fits a quota of 159.
+    for workload in ("one_touch", "two_pass_replay"):
+        result = three_paths(small_trace(workload, seed=1), EngineConfig(num_blocks=320),
+                             policy="static_quota")
+        assert result is not None
+        ev = result.evictions
+        assert ev.sum() > 0 and np.array_equal(ev, np.diag(np.diag(ev)))  # own blocks only
+
+
+def test_the_fused_s3fifo_runs_reach_ghost_hits_and_main_reinsertions():
+    # Guard for S3-FIFO's fused runs: these pools must evict from small into the ghost, hit the
+    # ghost (content cached again goes to main), promote, reinsert at the main head and rotate
+    # pinned blocks past both heads -- the kernels' paths a plain FIFO would skip.
+    for workload, num_blocks in (("delayed_replay", 320), ("bursty_sharegpt", 160)):
+        result = three_paths(small_trace(workload, seed=1), EngineConfig(num_blocks=num_blocks),
+                             policy="s3fifo")
+        assert result is not None
+        stats = result.policy_stats
+        assert all(stats[name] > 0 for name in (
+            "ghost_hits", "main_reinsertions", "promotions", "evictions_small", "evictions_main",
+            "pinned_kept_small", "pinned_kept_main")), (workload, stats)
+
+
 # (arrival s, shared prefix id, tail tokens / block, output tokens / block, group)
 request = st.tuples(st.floats(0, 0.5), st.integers(0, 3), st.floats(0.05, 2.0),
                     st.floats(0.05, 6.0), st.integers(0, 1))
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# PrefixShield's switches and small bounds (history, debt log) that change its decisions
+prefixshield_params = st.fixed_dictionaries({}, optional={
+    "segmentation": st.booleans(), "debt_gate": st.booleans(),
+    "responsibility": st.booleans(), "history_factor": st.sampled_from([0.25, 1.0, 4.0]),
+    "max_debt_samples": st.sampled_from([0, 1, 3, 16]),
+    "rho_scale": st.sampled_from([0.01, 1.0, 100.0])})
+
+
+@settings(max_examples=160, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reqs=st.lists(request, min_size=1, max_size=14), compat=st.sampled_from(COMPATS),
        num_blocks=st.integers(12, 32), block_size=st.sampled_from([4, 16]),
        max_tokens=st.sampled_from([24, 64, 8192]), max_seqs=st.sampled_from([2, 3, 256]),
        reserve=st.sampled_from([None, True, False]), coalesce=st.booleans(),
-       check=st.booleans(), tied=st.booleans())
+       check=st.booleans(), tied=st.booleans(), policy=st.sampled_from(FUSED_POLICIES),
+       params=prefixshield_params)
 def test_random_small_traces_run_bit_identical_in_the_fused_loop(reqs, compat, num_blocks,
                                                                  block_size, max_tokens,
                                                                  max_seqs, reserve, coalesce,
-                                                                 check, tied):
+                                                                 check, tied, policy, params):
     # Preemption, evictions, chunked prefill, small max_num_seqs, prefix hits across requests
     # of one group; ``tied`` puts arrivals on a coarse grid so that several arrive at once and
     # at step boundaries (SimPy's event order decides those ties).
@@ -130,7 +206,9 @@ def test_random_small_traces_run_bit_identical_in_the_fused_loop(reqs, compat, n
     # steps of 1/64 s (prefill free; binary fractions add exactly) end on the arrivals' grid
     cost = (CostModel(1 / 64, 0.0, 0.0, 0.0, 0.0) if tied
             else CostModel(0.01, 0.0005, 0.001, 1e-6, 0.002))
-    result = three_paths(make_trace(rows, seed=len(reqs)), config, cost, coalesce)
+    result = three_paths(make_trace(rows, seed=len(reqs)), config, cost, coalesce, policy,
+                         **(params if policy == "prefixshield" else {}))
+    event(f"policy: {policy}")
     if result is None:
         event("cannot run (same error on all paths)")
         return
@@ -163,13 +241,16 @@ def test_preemption_in_the_middle_of_a_decoding_batch_in_the_fused_loop():
         assert result.records["preemptions"].sum() > 0
 
 
-def test_output_buffers_grow_mid_run():
+@pytest.mark.parametrize("policy", FUSED_POLICIES)
+def test_output_buffers_grow_mid_run(policy):
     # Start the kernel's occupancy and creation buffers tiny: the run asks for more (GROW)
-    # and resumes where it stopped, with the same results.
+    # and resumes where it stopped, with the same results. (PrefixShield's debt log starts
+    # with room for one step's samples and grows the same way.)
+    # (320 blocks: StaticQuota's quota of 159 fits every request)
     trace = small_trace("one_touch", seed=1)
-    config = EngineConfig(num_blocks=160)
-    want = Engine(trace, make_policy("lru", 160), PROFILE_COST, config, batched=False).run()
-    engine = Engine(trace, make_policy("lru", 160), PROFILE_COST, config)
+    config = EngineConfig(num_blocks=320)
+    want = Engine(trace, make_policy(policy, 320), PROFILE_COST, config, batched=False).run()
+    engine = Engine(trace, make_policy(policy, 320), PROFILE_COST, config)
     engine.FUSED_FIRST_ROWS = 1
     assert_same_run(want, engine.run())
 
@@ -184,7 +265,8 @@ def test_fused_loop_applies_only_where_it_is_exact():
     assert engine().fused_applies()
     assert not engine(batched=False).fused_applies()
     assert not engine(fused=False).fused_applies()
-    for name in sorted(set(POLICIES) - {"lru"}):
+    assert engine("prefixshield").fused_applies()
+    for name in sorted(set(POLICIES) - set(FUSED_POLICIES)):
         assert not engine(name).fused_applies()
 
     class Recorded:  # a duck-typed cost model: only its own step_time knows the durations

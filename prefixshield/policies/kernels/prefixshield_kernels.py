@@ -39,8 +39,11 @@ are enforced by the policy: ``G <= MAX_GROUPS``, ``C <= MAX_CONTRACTS``):
   the group that gives a victim; ``P`` and ``heap`` are per-selection scratch.)
 * Admission history: an LRU set of ``(group, prefix_id)`` pairs in entries ``0..H-1``
   (``hkey_g`` int16, ``hkey_p`` int64; LRU order in ``hprev``/``hnxt``, int32, sentinels H and
-  H+1) indexed by an open-addressing table ``htab`` (int32, ``entry + 1``, 0 = empty; linear
-  probing, backward-shift deletion; ``2**bits`` slots at load <= 3/4).
+  H+1) indexed by an open-addressing table ``htab`` (int32, 0 = empty, else ``entry + 1`` in
+  the low ``bits`` bits and the slot's displacement from its key's home above them, saturated
+  at ``2**(31 - bits) - 1`` (:func:`_h_slot_value`), so probes and deletions read an entry's
+  key only where its home is the probed key's or unknown; linear probing, backward-shift
+  deletion; ``2**bits`` slots at load <= 3/4).
 * ``ctl`` (int64) / ``fctl`` (float64): sizes, flags and counters (the ``C_*`` / ``F_*``
   indices below).
 
@@ -341,33 +344,77 @@ def _h_home(s, g, pid):
 
 
 @njit(cache=True, inline="always")
+def _h_slot_value(s, e, i, home):
+    """Table value of entry ``e`` in slot ``i`` whose key's home slot is ``home``: ``e + 1`` in
+    the low ``hbits`` bits, above them the displacement ``(i - home) mod 2**hbits`` saturated at
+    ``2**(31 - hbits) - 1`` (that value: not stored; the entry's key tells). The value stays a
+    positive int32 (``e + 1 <= H < 2**hbits``)."""
+    hb = s.ctl[C_HBITS]
+    mask = (1 << hb) - 1
+    dmax = (1 << max(31 - hb, 0)) - 1
+    d = (i - home) & mask
+    if d > dmax:
+        d = dmax
+    return np.int32((d << hb) | (e + 1))
+
+
+@njit(cache=True, inline="always")
 def _h_find(s, g, pid):
-    """Table slot holding ``(g, pid)``, or ``-1 - slot`` of the empty slot where it would go."""
-    mask = (1 << s.ctl[C_HBITS]) - 1
-    i = _h_home(s, g, pid)
+    """Table slot holding ``(g, pid)``, or ``-1 - slot`` of the empty slot where it would go.
+    A slot whose stored displacement puts its key's home elsewhere is passed without reading
+    its entry's key."""
+    hb = s.ctl[C_HBITS]
+    mask = (1 << hb) - 1
+    dmax = (1 << max(31 - hb, 0)) - 1
+    home = _h_home(s, g, pid)
+    i = home
     while True:
-        e = s.htab[i] - 1
-        if e < 0:
+        v = s.htab[i]
+        if v <= 0:
             return -1 - i
-        if s.hkey_p[e] == pid and s.hkey_g[e] == g:
-            return i
+        d = v >> hb
+        if d == dmax or ((i - d) & mask) == home:
+            e = (v & mask) - 1
+            if s.hkey_p[e] == pid and s.hkey_g[e] == g:
+                return i
         i = (i + 1) & mask
+
+
+@njit(cache=True, inline="always")
+def _h_slot_of(s, e):
+    """Table slot of entry ``e`` (in the set): its key's probe, comparing slot values' entry
+    bits with ``e + 1`` instead of reading each probed entry's key (the key is in the table
+    once, so this is the slot :func:`_h_find` returns for it)."""
+    mask = (1 << s.ctl[C_HBITS]) - 1
+    i = _h_home(s, s.hkey_g[e], s.hkey_p[e])
+    while (s.htab[i] & mask) != e + 1:
+        i = (i + 1) & mask
+    return i
 
 
 @njit(cache=True, inline="always")
 def _h_delete(s, i):
     """Empty table slot ``i`` (backward-shift deletion keeps probe chains whole). Returns the
     one slot that is empty now and was not: entries only move back within i's chain, and the
-    scan stops at the first empty slot without writing it."""
-    mask = (1 << s.ctl[C_HBITS]) - 1
+    scan stops at the first empty slot without writing it. A moved entry's home comes from its
+    stored displacement (its key is read only where that saturated)."""
+    hb = s.ctl[C_HBITS]
+    mask = (1 << hb) - 1
+    dmax = (1 << max(31 - hb, 0)) - 1
     j = i
     while True:
         j = (j + 1) & mask
-        e = s.htab[j] - 1
-        if e < 0:
+        v = s.htab[j]
+        if v <= 0:
             break
-        if _ht_moves_back(_h_home(s, s.hkey_g[e], s.hkey_p[e]), i, j):
-            s.htab[i] = e + 1
+        e = (v & mask) - 1
+        d = v >> hb
+        if d == dmax:
+            h = _h_home(s, s.hkey_g[e], s.hkey_p[e])
+        else:
+            h = (j - d) & mask
+        if _ht_moves_back(h, i, j):
+            s.htab[i] = _h_slot_value(s, e, i, h)
             i = j
     s.htab[i] = 0
     return i
@@ -382,7 +429,7 @@ def _history_admit(s, g, pid):
     tail = H + 1
     i = _h_find(s, g, pid)
     if i >= 0:
-        e = s.htab[i] - 1
+        e = (s.htab[i] & ((1 << s.ctl[C_HBITS]) - 1)) - 1
         p = s.hprev[e]
         q = s.hnxt[e]
         s.hnxt[p] = q
@@ -398,7 +445,7 @@ def _history_admit(s, g, pid):
             q = s.hnxt[e]
             s.hnxt[p] = q
             s.hprev[q] = p
-            hole = _h_delete(s, _h_find(s, s.hkey_g[e], s.hkey_p[e]))
+            hole = _h_delete(s, _h_slot_of(s, e))
             # (g, pid) goes to the first empty slot from its home: the slots from there up to
             # the one found above were all full, and the deletion emptied only ``hole``
             mask = (1 << s.ctl[C_HBITS]) - 1
@@ -407,7 +454,7 @@ def _history_admit(s, g, pid):
                 i = -1 - hole
         s.hkey_g[e] = g
         s.hkey_p[e] = pid
-        s.htab[-1 - i] = e + 1
+        s.htab[-1 - i] = _h_slot_value(s, e, -1 - i, _h_home(s, g, pid))
         first = True
     last = s.hprev[tail]
     s.hprev[e] = last
@@ -419,15 +466,9 @@ def _history_admit(s, g, pid):
 
 # ----------------------------------------------------------------------------- events
 @njit(cache=True, inline="always")
-def _materialize(s, blocks, g, c, pid, t):
-    n = blocks.shape[0]
-    N = s.ctl[C_N]
-    for i in range(n):
-        b = blocks[i]
-        if b < 1 or b >= N or s.gmember[b] >= 0:
-            return i
-    if n == 0:
-        return -1
+def _charge(s, n, g, c, pid, t):
+    """Charge ``n`` new blocks of (g, c, pid) at ``t``: the bucket, the debtor list and bound,
+    the admission history; returns the blocks' initial class (DESIGN §5.4)."""
     old = s.bal[g, c]
     s.bal[g, c] = effective_balance(old, s.t0[g, c], s.rho[c], s.beta[c], t) - n
     s.t0[g, c] = t
@@ -438,25 +479,42 @@ def _materialize(s, blocks, g, c, pid, t):
         s.ub[g] = _debt_bound(s.bal, s.w, g)
     first = _history_admit(s, g, pid)
     if s.ctl[C_SEGMENTATION] == 0:
-        k = NORMAL
-    elif s.bal[g, c] < -s.fctl[F_EPSILON]:
-        k = PROBATIONARY
-    elif first:
-        k = PROBATIONARY
-    else:
-        k = NORMAL
+        return NORMAL
+    if s.bal[g, c] < -s.fctl[F_EPSILON] or first:
+        return PROBATIONARY
+    return NORMAL
+
+
+@njit(cache=True, inline="always")
+def _label(s, b, g, c, pid, k):
+    """Block ``b`` now holds content of (g, c, pid) in class ``k``, with no reuse yet (the
+    caller took back any class count of its old content)."""
+    s.owner[b] = g
+    s.contract[b] = c
+    s.prefix[b] = pid
+    s.klass[b] = k
+    s.cached[b] = True
+    s.hits[b] = 0
+    s.cls_count[g, k] += 1
+    s.materialized[g] += 1
+
+
+@njit(cache=True, inline="always")
+def _materialize(s, blocks, g, c, pid, t):
+    n = blocks.shape[0]
+    N = s.ctl[C_N]
+    for i in range(n):
+        b = blocks[i]
+        if b < 1 or b >= N or s.gmember[b] >= 0:
+            return i
+    if n == 0:
+        return -1
+    k = _charge(s, n, g, c, pid, t)
     for i in range(n):
         b = blocks[i]
         if s.cached[b] and s.owner[b] >= 0:
             s.cls_count[s.owner[b], s.klass[b]] -= 1
-        s.owner[b] = g
-        s.contract[b] = c
-        s.prefix[b] = pid
-        s.klass[b] = k
-        s.cached[b] = True
-        s.hits[b] = 0
-        s.cls_count[g, k] += 1
-        s.materialized[g] += 1
+        _label(s, b, g, c, pid, k)
     return -1
 
 
@@ -874,6 +932,112 @@ PREFETCH_AHEAD = 16
 """The batch replay prefetches the hash slots of the request this many requests ahead."""
 
 @njit(cache=True, inline="always")
+def _first_candidate(s, g, t):
+    """The block :func:`_select` of one victim for requester ``g`` at ``t`` (the clock already
+    advanced to ``t``) takes when it ranks no group: no truly free block, a free candidate, and
+    no group that can owe at ``t`` (responsibility off, or no debtor and ``t`` at or after the
+    prune clock); then it is the first candidate globally (class, then native order). -1 where
+    the general selection must decide (or refuse)."""
+    glen = s.glen
+    if glen[TRULY_FREE] != 0 or g < 0 or g >= s.ctl[C_G]:
+        return -1
+    if s.ctl[C_RESPONSIBILITY] != 0 and (s.ctl[C_NUM_DEBTORS] != 0
+                                        or not t >= s.fctl[F_PRUNE_CLOCK]):
+        return -1
+    N = s.ctl[C_N]
+    for k in range(NUM_CLASSES):
+        if glen[k] > 0:
+            return s.gnxt[N + 2 * k]
+    return -1
+
+
+@njit(cache=True, inline="always")
+def _miss_one(s, b, g, c, pid, t):
+    """A replay miss on the one block ``b`` that :func:`_first_candidate` gave: ``_select``'s
+    eviction of b (requester g), ``_materialize`` of b for (g, c, pid) at ``t`` and
+    ``_release(cached)`` of b, fused, with the same end state: the fields ``_forget`` would clear
+    and ``_materialize`` set again are written once, and the n-block loops and the checks that
+    cannot fail here (b was a free candidate) are gone. The debt-log sample of the charge (which
+    reads only buckets and class counts) is the caller's, after this."""
+    N = s.ctl[C_N]
+    # eviction (the global-first branch of _select)
+    _unlink1(s.gprev, s.gnxt, s.gmember, s.glen, b)
+    o = s.owner[b]
+    ko = s.klass[b]
+    if o >= 0:
+        _q_unlink(s, b)
+        s.cls_count[o, ko] -= 1
+        s.evictions[g, o] += 1
+        s.evicted_class[o, ko] += 1
+    else:
+        s.evictions[g, s.ctl[C_G]] += 1
+        s.evicted_class[s.ctl[C_G], ko] += 1
+    # materialize (one block, not cached after the eviction: no class count to take back)
+    k = _charge(s, 1, g, c, pid, t)
+    _label(s, b, g, c, pid, k)
+    # release(cached): the stamp (renumbering, if due, while b is in no list), then the tails
+    s.seq[b] = _next_seq(s)
+    _push_tail1(s.gprev, s.gnxt, s.gmember, s.glen, N, k, b)
+    _q_push_tail(s, NUM_CLASSES * g + k, b)
+
+
+@njit(cache=True, inline="always")
+def _prefetch_block(s, key_of, b):
+    """Prefetch the lines of block ``b``'s per-block fields that a hit or an eviction of b
+    reads or writes."""
+    _prefetch(s.gprev, b)
+    _prefetch(s.gnxt, b)
+    _prefetch(s.gmember, b)
+    _prefetch(s.qprev, b)
+    _prefetch(s.qnxt, b)
+    _prefetch(s.owner, b)
+    _prefetch(s.contract, b)
+    _prefetch(s.prefix, b)
+    _prefetch(s.klass, b)
+    _prefetch(s.cached, b)
+    _prefetch(s.hits, b)
+    _prefetch(s.seq, b)
+    _prefetch(key_of, b)
+
+
+@njit(cache=True, inline="always")
+def _prefetch_next_miss(s, key_of, bk, bshift):
+    """After a miss, prefetch what the next misses will touch if nothing else moves first: the
+    next victim ``v1`` (the head of the lowest non-empty class list; its block lines were
+    prefetched at the previous miss, so reading them here is cheap): the map slot of its key and
+    its group-list neighbour; the block lines of the victim after it; the history's next LRU
+    entry to leave (its home slot) and the one after it (its lines). Hints only: no value
+    changes."""
+    N = s.ctl[C_N]
+    v1 = -1
+    for k in range(NUM_CLASSES):
+        if s.glen[k] > 0:
+            v1 = s.gnxt[N + 2 * k]
+            break
+    if v1 >= 0:
+        kv = key_of[v1]
+        if kv >= 0:
+            _prefetch(bk, _ht_slot(kv, bshift))
+        q = s.qnxt[v1]
+        if q >= 0:
+            _prefetch(s.qprev, q)
+        v2 = s.gnxt[v1]
+        if v2 < N:
+            _prefetch_block(s, key_of, v2)
+    H = s.ctl[C_H]
+    if s.ctl[C_HUSED] == H:
+        e1 = s.hnxt[H]
+        if e1 < H:
+            _prefetch(s.htab, _h_home(s, s.hkey_g[e1], s.hkey_p[e1]))
+            e2 = s.hnxt[e1]
+            if e2 < H:
+                _prefetch(s.hkey_g, e2)
+                _prefetch(s.hkey_p, e2)
+                _prefetch(s.hnxt, e2)
+                _prefetch(s.hprev, e2)
+
+
+@njit(cache=True, inline="always")
 def _debt_log_append(log_t, log_g, log_d, log_cls, meta, max_samples, t, g, s):
     """:meth:`prefixshield.policies.prefixshield.DebtLog.append` of group g's charge at ``t``,
     on its arrays (``meta`` = size, stride, charges counted; the arrays hold
@@ -882,7 +1046,9 @@ def _debt_log_append(log_t, log_g, log_d, log_cls, meta, max_samples, t, g, s):
     sample that is kept (most charges are only counted)."""
     i = meta[2]
     meta[2] = i + 1
-    if max_samples == 0 or i % meta[1]:
+    stride = meta[1]
+    # (the stride is a power of two, as DebtLog keeps it: a mask instead of an integer division)
+    if max_samples == 0 or (i & (stride - 1) if stride & (stride - 1) == 0 else i % stride):
         return
     size = meta[0]
     if size == max_samples:
@@ -925,7 +1091,10 @@ def replay_keys(st, keys, groups, contract, hits, block_of, key_of, bk, bv, bbit
     Speed notes: the loop (:func:`_replay`) is compiled without numba's reference-counted
     runtime (``_nrt=False``): with it, every inlined helper taking the state tuple increfed and
     decrefed its ~40 arrays, most of the loop's time. A hit on a free candidate (every hit here)
-    takes the fused :func:`_hit_candidate`; the hash slots of the request
+    takes the fused :func:`_hit_candidate`; a miss that selection would settle without ranking
+    a group (no truly free block, no group that can owe: :func:`_first_candidate`, every miss of
+    a steady state without debt) takes the fused :func:`_miss_one` and then prefetches the next
+    victims' lines (:func:`_prefetch_next_miss`); the hash slots of the request
     :data:`PREFETCH_AHEAD` requests later are prefetched."""
     s = state(st)
     N = s.ctl[C_N]
@@ -979,14 +1148,22 @@ def _replay(st, keys, groups, contract, hits, key_of, bk, bv, bshift, bmask, log
             if _acquire(s, one) >= 0 or _release(s, one, yes) >= 0:
                 return i
             continue
-        if _select(s, 1, t, g, one, 0) < 0:
-            return i
-        b = one[0]
+        b = _first_candidate(s, g, t)
+        fused = b >= 0
+        if not fused:
+            if _select(s, 1, t, g, one, 0) < 0:
+                return i
+            b = one[0]
         old = key_of[b]
         if old >= 0:
             _ht_delete(bk, bv, _ht_find(bk, old, bshift, bmask), bshift, bmask)
         key_of[b] = kk
         _ht_insert(bk, bv, kk, b, bshift, bmask)
+        if fused:
+            _miss_one(s, b, g, contract, kk, t)
+            _debt_log_append(log_t, log_g, log_d, log_cls, log_meta, max_samples, t, g, s)
+            _prefetch_next_miss(s, key_of, bk, bshift)
+            continue
         if _materialize(s, one, g, contract, kk, t) >= 0:
             return i
         _debt_log_append(log_t, log_g, log_d, log_cls, log_meta, max_samples, t, g, s)

@@ -11,14 +11,24 @@ State layout (struct of arrays, all indexed by block id):
 * ``cnt`` (int64): counters, indexed by the ``C_*`` constants below (``cnt[SMALL]`` and
   ``cnt[MAIN]`` are the numbers of pinned blocks in each queue);
 * ``params`` (int64): the ``P_*`` constants below;
-* the ghost FIFO: ``gkeys`` (uint64 ring of capacity ``ghost_size + 2 * num_blocks + 2``),
-  ``gpos`` (absolute head/tail positions) and ``gmap`` (typed Dict key -> absolute position of
-  its live entry). A ring entry is live iff ``gmap[key] == position``; removals leave stale
-  entries that are skipped when trimming and dropped by an amortized O(1) compaction when the
-  ring is full. Keys evicted by one ``select_victims`` call are appended untrimmed; the ghost is
-  trimmed back to ``ghost_size`` (oldest first) after the next ``on_materialize`` has looked its
-  keys up, or at the start of the next ``select_victims`` -- which reproduces libCacheSim's order
-  (ghost lookup of the missed key *before* the eviction that makes room for it).
+* the ghost FIFO, in three arrays: ``gkeys`` (uint64 ring of the keys in FIFO order, capacity
+  ``ghost_size + num_blocks + num_blocks // 4 + 2``, see :func:`ghost_sizes`), ``gtab`` (int32
+  open-addressing table of ``2**bits`` slots: -1, or the ring index of a live key -- the key
+  itself is read from ``gkeys``, so a slot costs 4 bytes) and ``gpos`` (int64: ``G_HEAD`` and
+  ``G_TAIL``, absolute ring positions of the oldest entry and one past the newest; ``G_LIVE``,
+  the live keys; ``G_BITS``). Any uint64 is a key (0 and 2**64 - 1 included: emptiness is in
+  ``gtab``). The ring entry at position ``p`` is live iff the table maps its key to ``p %
+  capacity``; a ghost hit deletes the key from the table only, leaving a stale entry that
+  trimming skips, and a full ring is compacted in place (amortized O(1): a compaction frees at
+  least ``num_blocks // 4 + 2`` entries, more than ``num_blocks`` in the steady state). Linear
+  probing, Fibonacci hashing and backward-shift deletion as in
+  :mod:`~prefixshield.policies.kernels.hashtable`. Nothing here allocates: the call-by-call
+  kernels are compiled without numba's runtime (``_nrt=False``), so the fused event loop
+  (:mod:`prefixshield.simulator.fused`) calls them. Keys evicted by one ``select_victims``
+  call are appended untrimmed; the ghost is trimmed back to ``ghost_size`` (oldest first)
+  after the next ``on_materialize`` has looked its keys up, or at the start of the next
+  ``select_victims`` -- which reproduces libCacheSim's order (ghost lookup of the missed key
+  *before* the eviction that makes room for it).
 
 Every kernel is O(1) per block except eviction, which passes over the blocks it rotates (as
 libCacheSim's S3-FIFO does).
@@ -65,49 +75,134 @@ P_FREQ_CAP = 4
 P_CURRENT_MODE = 5
 NUM_PARAMS = 6
 
+# gpos slots
+G_HEAD = 0   # absolute ring position of the oldest entry (live or stale)
+G_TAIL = 1   # one past the newest
+G_LIVE = 2   # live ghost keys (keys in gtab)
+G_BITS = 3   # log2 of gtab's slots
+NUM_GPOS = 4
 
-@njit(cache=True)
-def ghost_insert(gkeys, gpos, gmap, ghost_size, k):
+
+def ghost_sizes(num_blocks: int, ghost_size: int) -> tuple[int, int]:
+    """(ring capacity, log2 of table slots) of the ghost. Live keys never exceed ``ghost_size +
+    num_blocks - 1`` (``ghost_size`` plus the keys of one allocation), so the ring keeps at
+    least ``num_blocks // 4 + 2`` entries free after a compaction, and the table keeps an empty
+    slot (its load is <= 1/2 at ``ghost_size`` keys, the steady state). No ghost: a ring of one
+    entry and the smallest table."""
+    if ghost_size <= 0:
+        return 1, 4
+    cap = ghost_size + num_blocks + num_blocks // 4 + 2
+    bits = table_bits(ghost_size)
+    while (1 << bits) < ghost_size + num_blocks + 1:
+        bits += 1
+    return cap, bits
+
+
+@njit(cache=True, inline="always")
+def _g_probe(gkeys, gtab, shift, mask, k):
+    """Slot of ``gtab`` naming ``k``'s ring entry, else the empty slot where its probe ends."""
+    j = _ht_slot(k, shift)
+    while True:
+        i = gtab[j]
+        if i < 0 or gkeys[i] == k:
+            return j
+        j = (j + 1) & mask
+
+
+@njit(cache=True, inline="always")
+def _g_delete(gkeys, gtab, shift, mask, i):
+    """Empty slot ``i`` of ``gtab`` by backward-shift deletion (home slots from ``gkeys``)."""
+    j = i
+    while True:
+        j = (j + 1) & mask
+        x = gtab[j]
+        if x < 0:
+            break
+        if _ht_moves_back(_ht_slot(gkeys[x], shift), i, j):
+            gtab[i] = x
+            i = j
+    gtab[i] = -1
+
+
+@njit(cache=True, inline="always")
+def _g_shift_mask(gtab, gpos):
+    """(``shift``, ``mask``) of the ghost table for :func:`_g_probe` / :func:`_g_delete`."""
+    return np.uint64(64 - gpos[G_BITS]), gtab.shape[0] - 1
+
+
+@njit(cache=True, _nrt=False)
+def ghost_insert(gkeys, gtab, gpos, ghost_size, k):
     """Append content key ``k`` to the ghost FIFO (no trimming: see :func:`ghost_trim`).
 
-    A key already in the ghost is left where it is (libCacheSim's ghost ``get`` is a hit)."""
-    if ghost_size <= 0 or k in gmap:
+    A key already in the ghost is left where it is (libCacheSim's ghost ``get`` is a hit). A
+    full ring is compacted in place first (live entries keep their order)."""
+    if ghost_size <= 0:
+        return
+    shift, mask = _g_shift_mask(gtab, gpos)
+    j = _g_probe(gkeys, gtab, shift, mask, k)
+    if gtab[j] >= 0:
         return
     cap = gkeys.shape[0]
-    if gpos[1] - gpos[0] >= cap:
-        live = np.empty(len(gmap), dtype=np.uint64)
-        n = 0
-        for p in range(gpos[0], gpos[1]):
-            old = gkeys[p % cap]
-            if old in gmap and gmap[old] == p:
-                live[n] = old
-                n += 1
-        for i in range(n):
-            gkeys[i] = live[i]
-            gmap[live[i]] = i
-        gpos[0] = 0
-        gpos[1] = n
-    p = gpos[1]
-    gkeys[p % cap] = k
-    gmap[k] = p
-    gpos[1] = p + 1
+    head = gpos[G_HEAD]
+    tail = gpos[G_TAIL]
+    if tail - head >= cap:
+        # every position of the window names a distinct ring index: moving live entries
+        # towards the head overwrites only entries already read
+        w = head
+        for p in range(head, tail):
+            i = p % cap
+            old = gkeys[i]
+            s = _g_probe(gkeys, gtab, shift, mask, old)
+            if gtab[s] == i:
+                wi = w % cap
+                gkeys[wi] = old
+                gtab[s] = wi
+                w += 1
+        tail = w
+    i = tail % cap
+    gkeys[i] = k
+    gtab[j] = i  # compaction moves no table slot: j is still k's empty slot
+    gpos[G_TAIL] = tail + 1
+    gpos[G_LIVE] += 1
 
 
-@njit(cache=True)
-def ghost_trim(gkeys, gpos, gmap, ghost_size):
+@njit(cache=True, _nrt=False)
+def ghost_trim(gkeys, gtab, gpos, ghost_size):
     """Drop the oldest ghost keys until at most ``ghost_size`` remain."""
+    if gpos[G_LIVE] <= ghost_size:
+        return
+    shift, mask = _g_shift_mask(gtab, gpos)
     cap = gkeys.shape[0]
-    while len(gmap) > ghost_size and gpos[0] < gpos[1]:
-        p = gpos[0]
-        gpos[0] = p + 1
-        old = gkeys[p % cap]
-        if old in gmap and gmap[old] == p:
-            del gmap[old]
+    head = gpos[G_HEAD]
+    tail = gpos[G_TAIL]
+    live = gpos[G_LIVE]
+    while live > ghost_size and head < tail:
+        i = head % cap
+        head += 1
+        j = _g_probe(gkeys, gtab, shift, mask, gkeys[i])
+        if gtab[j] == i:
+            _g_delete(gkeys, gtab, shift, mask, j)
+            live -= 1
+    gpos[G_HEAD] = head
+    gpos[G_LIVE] = live
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
+def ghost_remove(gkeys, gtab, gpos, k):
+    """Remove ``k`` from the ghost if it is there (a ghost hit); whether it was. Its ring entry
+    goes stale."""
+    shift, mask = _g_shift_mask(gtab, gpos)
+    j = _g_probe(gkeys, gtab, shift, mask, k)
+    if gtab[j] < 0:
+        return False
+    _g_delete(gkeys, gtab, shift, mask, j)
+    gpos[G_LIVE] -= 1
+    return True
+
+
+@njit(cache=True, _nrt=False)
 def _evict_small(prev, nxt, member, length, num_blocks, freq, in_use, key, cnt, params,
-                 gkeys, gpos, gmap, update_ghost):
+                 gkeys, gtab, gpos, update_ghost):
     """libCacheSim ``S3FIFO_evict_small`` with pinning; returns the evicted block or -1."""
     head = num_blocks + 2 * SMALL
     while length[SMALL] > 0:
@@ -127,7 +222,7 @@ def _evict_small(prev, nxt, member, length, num_blocks, freq, in_use, key, cnt, 
         else:
             _unlink1(prev, nxt, member, length, b)
             if update_ghost:
-                ghost_insert(gkeys, gpos, gmap, params[P_GHOST_SIZE], key[b])
+                ghost_insert(gkeys, gtab, gpos, params[P_GHOST_SIZE], key[b])
             freq[b] = 0
             key[b] = 0
             cnt[C_EVICTED_SMALL] += 1
@@ -135,7 +230,7 @@ def _evict_small(prev, nxt, member, length, num_blocks, freq, in_use, key, cnt, 
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _evict_main(prev, nxt, member, length, num_blocks, freq, in_use, key, cnt):
     """libCacheSim ``S3FIFO_evict_main`` with pinning; returns the evicted block or -1."""
     head = num_blocks + 2 * MAIN
@@ -159,9 +254,9 @@ def _evict_main(prev, nxt, member, length, num_blocks, freq, in_use, key, cnt):
     return -1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def _evict_one(prev, nxt, member, length, num_blocks, freq, in_use, key, cnt, params,
-               gkeys, gpos, gmap, update_ghost):
+               gkeys, gtab, gpos, update_ghost):
     """Reclaim one unpinned queued block (libCacheSim's ``S3FIFO_evict`` loop); -1 if none."""
     while True:
         small_free = length[SMALL] - cnt[SMALL]
@@ -173,19 +268,19 @@ def _evict_one(prev, nxt, member, length, num_blocks, freq, in_use, key, cnt, pa
             b = _evict_main(prev, nxt, member, length, num_blocks, freq, in_use, key, cnt)
         else:
             b = _evict_small(prev, nxt, member, length, num_blocks, freq, in_use, key, cnt,
-                             params, gkeys, gpos, gmap, update_ghost)
+                             params, gkeys, gtab, gpos, update_ghost)
         if b >= 0:
             return b
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def select_victims(n, out, prev, nxt, member, length, num_blocks, freq, in_use, key, cnt, params,
-                   gkeys, gpos, gmap, update_ghost):
+                   gkeys, gtab, gpos, update_ghost):
     """Fill ``out[:n]`` with the next ``n`` free blocks (truly free first, then reclaimed ones);
     they become in use. Returns how many were found (``< n`` only if fewer were free)."""
     free_head = num_blocks + 2 * FREE
     if update_ghost:
-        ghost_trim(gkeys, gpos, gmap, params[P_GHOST_SIZE])
+        ghost_trim(gkeys, gtab, gpos, params[P_GHOST_SIZE])
     for i in range(n):
         if length[FREE] > 0:
             b = nxt[free_head]
@@ -193,7 +288,7 @@ def select_victims(n, out, prev, nxt, member, length, num_blocks, freq, in_use, 
             cnt[C_TRULY_FREE_TAKEN] += 1
         else:
             b = _evict_one(prev, nxt, member, length, num_blocks, freq, in_use, key, cnt, params,
-                           gkeys, gpos, gmap, update_ghost)
+                           gkeys, gtab, gpos, update_ghost)
             if b < 0:
                 return i
         in_use[b] = True
@@ -201,7 +296,7 @@ def select_victims(n, out, prev, nxt, member, length, num_blocks, freq, in_use, 
     return n
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def on_hit(blocks, member, freq, freq_cap):
     """freq += 1 (capped) for every queued block of ``blocks``."""
     for b in blocks:
@@ -210,7 +305,7 @@ def on_hit(blocks, member, freq, freq_cap):
             freq[b] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def on_acquire(blocks, member, in_use, cnt):
     """Pin free queued blocks (queue positions unchanged). Returns the number of bad blocks."""
     bad = 0
@@ -227,7 +322,7 @@ def on_acquire(blocks, member, in_use, cnt):
 _TO_FREE = -2  # member[] mark of a block on_release is about to link into the free list
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def on_release(blocks, cached, prev, nxt, member, length, num_blocks, in_use, key, cnt,
                current_mode):
     """Unpin ``blocks``; cached ones keep their queue position, the others become truly free
@@ -270,9 +365,9 @@ def on_release(blocks, cached, prev, nxt, member, length, num_blocks, in_use, ke
     return bad
 
 
-@njit(cache=True)
+@njit(cache=True, _nrt=False)
 def on_materialize(blocks, hashes, prev, nxt, member, length, num_blocks, freq, in_use, key, cnt,
-                   params, gkeys, gpos, gmap):
+                   params, gkeys, gtab, gpos):
     """Insert newly cached blocks (libCacheSim ``S3FIFO_insert``): ghost hit -> main tail;
     small full before the first eviction -> main tail; else small tail. freq = 0. Returns the
     number of bad blocks (truly free ones, which must be taken before they are materialized)."""
@@ -289,8 +384,7 @@ def on_materialize(blocks, hashes, prev, nxt, member, length, num_blocks, freq, 
             _unlink1(prev, nxt, member, length, b)
         key[b] = h
         freq[b] = 0
-        if params[P_GHOST_SIZE] > 0 and h in gmap:
-            del gmap[h]
+        if params[P_GHOST_SIZE] > 0 and ghost_remove(gkeys, gtab, gpos, h):
             q = MAIN
             cnt[C_GHOST_HITS] += 1
         elif cnt[C_HAS_EVICTED] == 0 and length[SMALL] >= params[P_SMALL_SIZE]:
@@ -301,19 +395,22 @@ def on_materialize(blocks, hashes, prev, nxt, member, length, num_blocks, freq, 
         _push_tail1(prev, nxt, member, length, num_blocks, q, b)
         if in_use[b]:
             cnt[q] += 1
-    ghost_trim(gkeys, gpos, gmap, params[P_GHOST_SIZE])
+    ghost_trim(gkeys, gtab, gpos, params[P_GHOST_SIZE])
     return bad
 
 
 @njit(cache=True)
-def ghost_live_keys(gkeys, gpos, gmap):
-    """The ghost's live keys, oldest first (for tests and invariant checks)."""
+def ghost_live_keys(gkeys, gtab, gpos):
+    """The ghost's live keys, oldest first, and how many live ring entries there are (for tests
+    and invariant checks: they must equal ``gpos[G_LIVE]``)."""
+    shift, mask = _g_shift_mask(gtab, gpos)
     cap = gkeys.shape[0]
-    out = np.empty(len(gmap), dtype=np.uint64)
+    out = np.empty(max(gpos[G_LIVE], 0), dtype=np.uint64)
     n = 0
-    for p in range(gpos[0], gpos[1]):
-        k = gkeys[p % cap]
-        if k in gmap and gmap[k] == p:
+    for p in range(gpos[G_HEAD], gpos[G_TAIL]):
+        i = p % cap
+        k = gkeys[i]
+        if gtab[_g_probe(gkeys, gtab, shift, mask, k)] == i:
             if n < out.shape[0]:
                 out[n] = k
             n += 1
@@ -322,7 +419,7 @@ def ghost_live_keys(gkeys, gpos, gmap):
 
 @njit(cache=True)
 def replay_keys(keys, hits, block_of, key_of, prev, nxt, member, length, num_blocks, freq, in_use,
-                key, cnt, params, gkeys, gpos, gmap, freq_cap, current_mode):
+                key, cnt, params, gkeys, gtab, gpos, freq_cap, current_mode):
     """The pure cache driver's loop for S3-FIFO in one kernel: for each key, a hit is
     ``on_hit, on_acquire, on_release(cached)``; a miss is ``select_victims(1)``,
     ``on_materialize``, ``on_release(cached)`` — the very kernels the policy's methods call.
@@ -343,7 +440,7 @@ def replay_keys(keys, hits, block_of, key_of, prev, nxt, member, length, num_blo
                               cnt, current_mode)
             continue
         got = select_victims(1, one, prev, nxt, member, length, num_blocks, freq, in_use, key,
-                             cnt, params, gkeys, gpos, gmap, True)
+                             cnt, params, gkeys, gtab, gpos, True)
         if got != 1:
             return bad + 1
         b = one[0]
@@ -354,7 +451,7 @@ def replay_keys(keys, hits, block_of, key_of, prev, nxt, member, length, num_blo
         block_of[kk] = b
         one_key[0] = np.uint64(kk)
         bad += on_materialize(one, one_key, prev, nxt, member, length, num_blocks, freq, in_use,
-                              key, cnt, params, gkeys, gpos, gmap)
+                              key, cnt, params, gkeys, gtab, gpos)
         bad += on_release(one, cached, prev, nxt, member, length, num_blocks, in_use, key, cnt,
                           current_mode)
     return bad
@@ -364,7 +461,8 @@ def replay_keys(keys, hits, block_of, key_of, prev, nxt, member, length, num_blo
 # Fused whole-stream replay (the pure cache driver without pinning), over one array hash table.
 #
 # ``replay_keys`` above runs the policy's own kernels with 1-element arrays, and keeps the
-# key -> block map and the ghost in numba typed Dicts. ``replay_keys_fused`` makes the same
+# key -> block map in a numba typed Dict and the ghost in its own ring and table.
+# ``replay_keys_fused`` makes the same
 # decisions (tested equal, request for request and state for state) with the miss path inlined
 # and one open-addressing table ``tab`` for both maps: a key is either cached or a ghost (under
 # the pure driver a key leaves the ghost when it is cached again, and enters it only when its
@@ -381,8 +479,9 @@ def replay_keys(keys, hits, block_of, key_of, prev, nxt, member, length, num_blo
 # the victim came from main), and trimming reaches its entry through the ring: the two maps'
 # separate look-up, insert and delete are gone, and no probe is made for a key whose slot is
 # known. Keys and values are interleaved (``tab[2j]``, ``tab[2j + 1]``) so that a hit reads its
-# block from the cache line its probe already brought in. The policy's ``key`` and the driver's ``key_of`` follow from the table and are
-# written once, at the end, with ``block_of`` and the typed-Dict ghost.
+# block from the cache line its probe already brought in. The policy's ``key`` and the
+# driver's ``key_of`` follow from the table and are written once, at the end, with
+# ``block_of`` and the policy's ghost (its ring restarting at position 0).
 #
 # Preconditions, checked before anything is written (else the kernel returns -1 and the
 # wrapper runs ``replay_keys``): every key >= 0 and no block pinned (the wrapper), and a state
@@ -441,7 +540,7 @@ def fused_table_sizes(num_blocks: int, ghost_size: int, ghost_keys: int) -> tupl
 
 @njit(cache=True)
 def replay_keys_fused(keys, hits, block_of, key_of, prev, nxt, member, length, num_blocks, freq,
-                      key, cnt, params, gkeys, gpos, gmap, tab, bits, slot_of, ring):
+                      key, cnt, params, gkeys, gtab, gpos, tab, bits, slot_of, ring):
     """:func:`replay_keys` with the miss path fused over one table (see the comment above).
 
     ``tab`` (int64, ``2 * 2**bits``, filled with -1), ``slot_of`` (int64, ``num_blocks``) and
@@ -457,7 +556,7 @@ def replay_keys_fused(keys, hits, block_of, key_of, prev, nxt, member, length, n
     shift = np.uint64(64 - bits)
     mask = (1 << bits) - 1
     rmask = ring.shape[0] - 1
-    # load the typed-Dict state into the table, checking the preconditions on the way
+    # load block_of and the ghost into the table, checking the preconditions on the way
     queued = 0
     for kk, b in block_of.items():
         m = member[b]
@@ -476,9 +575,11 @@ def replay_keys_fused(keys, hits, block_of, key_of, prev, nxt, member, length, n
     head = 0  # ghost ring positions: oldest, one past the newest (absolute)
     tail = 0
     cap = gkeys.shape[0]
-    for p in range(gpos[0], gpos[1]):
-        k = gkeys[p % cap]
-        if k in gmap and gmap[k] == p:
+    gshift, gmask = _g_shift_mask(gtab, gpos)
+    for p in range(gpos[G_HEAD], gpos[G_TAIL]):
+        gi = p % cap
+        k = gkeys[gi]
+        if gtab[_g_probe(gkeys, gtab, gshift, gmask, k)] == gi:
             if k >= np.uint64(1 << 63):
                 return -1
             kk = np.int64(k)
@@ -590,7 +691,7 @@ def replay_keys_fused(keys, hits, block_of, key_of, prev, nxt, member, length, n
             _tab_delete(tab, old, shift, mask, slot_of, ring, rmask)
         head, live = _ghost_trim(tab, shift, mask, slot_of, ring, rmask, head, tail, live,
                                  ghost_size)
-    # write the table back into the typed-Dict state and the per-block keys
+    # write the table back into the typed-Dict block_of, the per-block keys and the ghost
     block_of.clear()
     for j in range(mask + 1):
         kk = tab[2 * j]
@@ -599,15 +700,16 @@ def replay_keys_fused(keys, hits, block_of, key_of, prev, nxt, member, length, n
             block_of[kk] = np.int32(v)
             key_of[v] = kk
             key[v] = np.uint64(kk)
-    gmap.clear()
+    gtab[:] = -1
     n = 0
     for p in range(head, tail):
         s = ring[p & rmask]
         if tab[2 * s + 1] == -2 - p:
             k = np.uint64(tab[2 * s])
             gkeys[n] = k
-            gmap[k] = n
+            gtab[_g_probe(gkeys, gtab, gshift, gmask, k)] = n
             n += 1
-    gpos[0] = 0
-    gpos[1] = n
+    gpos[G_HEAD] = 0
+    gpos[G_TAIL] = n
+    gpos[G_LIVE] = n
     return bad
