@@ -31,7 +31,11 @@ What it models, decision for decision the same as the step-by-step oracle
   PrefixShield's packed state (every event, its clock and its debt-log samples, as the
   policy's methods make them); StaticQuota's lists, owners and quota (its ``available``);
   S3-FIFO's queues, counters and ghost (a ring and an array hash table, no typed dict), and
-  its ``_ghost_slack`` bookkeeping (``ctl[S3_GHOST_SLACK]``).
+  its ``_ghost_slack`` bookkeeping (``ctl[S3_GHOST_SLACK]``). The policies' kernels report an illegal
+  event (a block released twice, say) by a return value, which their Python methods turn into
+  ``ValueError``; the loop does not read them: the pool hands a policy only what its own
+  reference counts make legal (the oracle would raise first), and ``check_invariants`` checks
+  the pool and the policy after every step.
 * **The linear** :class:`~prefixshield.simulator.costmodel.CostModel` evaluated in the same
   operation order as its ``step_time`` (a duck-typed cost object takes the per-step path).
 
