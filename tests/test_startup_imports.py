@@ -71,6 +71,14 @@ def test_run_loads_only_the_workload_it_runs(fresh_run):
     assert not others & mods
 
 
+def test_run_loads_only_the_policy_modules_it_runs(fresh_run):
+    # The fused loop needs every policy's kernels (their kernel modules load), but the engine
+    # picks the policy by its registered name, so the classes of the others stay unloaded.
+    mods = set(fresh_run["modules"])
+    assert "prefixshield.policies.lru" in mods
+    assert not {"prefixshield.policies.prefixshield", "prefixshield.policies.s3fifo"} & mods
+
+
 def test_program_loads_the_run_with_the_collector_paused_then_frozen(fresh_run):
     assert fresh_run["frozen"] > 0 and fresh_run["collector_on"]
     assert "numba.np.linalg" in fresh_run["modules"]  # numba's CPU target, loaded meanwhile

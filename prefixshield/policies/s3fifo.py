@@ -260,9 +260,7 @@ class S3FIFOPolicy(Policy):
 
     def num_free(self) -> int:
         """Truly free blocks plus unpinned cached blocks."""
-        length, cnt = self._lists.length, self._cnt
-        return int(length[k.FREE] + length[k.SMALL] - cnt[k.SMALL]
-                   + length[k.MAIN] - cnt[k.MAIN])
+        return int(k.num_free(self._lists.length, self._cnt))
 
     def free_order(self) -> np.ndarray:
         """Free blocks in the order :meth:`select_victims` would hand them out if no other event

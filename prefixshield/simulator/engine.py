@@ -47,11 +47,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from prefixshield.policies.base import Policy
-from prefixshield.policies.lru import LRUPolicy
-from prefixshield.policies.prefixshield import PrefixShieldPolicy
-from prefixshield.policies.s3fifo import S3FIFOPolicy
-from prefixshield.policies.static_quota import StaticQuotaPolicy
+from prefixshield.policies.base import POLICIES, Policy
 from prefixshield.simulator import batch as bk
 from prefixshield.simulator import fused as fz
 from prefixshield.simulator.blockpool import BlockPool
@@ -708,21 +704,32 @@ class Engine:
     """Rows of the fused loop's first occupancy and creation buffers; None sizes them from the
     trace (they grow when a step might not fit)."""
 
-    FUSED_POLICIES = (LRUPolicy, PrefixShieldPolicy, StaticQuotaPolicy, S3FIFOPolicy)
-    """The policies (exact types) the fused loop drives."""
+    FUSED_POLICIES = {"lru": fz.POLICY_LRU, "prefixshield": fz.POLICY_PREFIXSHIELD,
+                      "static_quota": fz.POLICY_STATIC_QUOTA, "s3fifo": fz.POLICY_S3FIFO}
+    """The registered policies the fused loop drives (name -> its ``ctl[POLICY]`` code); by name,
+    so that the engine imports no policy module a run does not use."""
 
     def fused_applies(self) -> bool:
         """Whether :meth:`run` (without ``observe``) takes the fused loop: ``batched`` and
-        ``fused`` are set, the policy is exactly :class:`LRUPolicy`, :class:`PrefixShieldPolicy`,
-        :class:`StaticQuotaPolicy` or :class:`S3FIFOPolicy` (the kernel drives their state
-        through their own event kernels; a subclass may change an event), the cost model is
+        ``fused`` are set, the policy is exactly the registered class of one of
+        :attr:`FUSED_POLICIES` (the kernel drives their state through their own event kernels;
+        a subclass may change an event), the cost model is
         exactly :class:`CostModel` (the kernel
         evaluates its formula), and the trace's hashes fit :attr:`FUSED_MAX_HASHES`."""
         return (self.batched and self.fused
-                and type(self.pool.policy) in self.FUSED_POLICIES
+                and self._fused_policy() is not None
                 and type(self.cost) is CostModel
                 and int((self._total_tokens // self.config.block_size).sum())
                 <= self.FUSED_MAX_HASHES)
+
+    def _fused_policy(self) -> str | None:
+        """The policy's name if the fused loop drives it (its exact registered class), else
+        None. (Its module is loaded already: looking it up imports nothing.)"""
+        cls = type(self.pool.policy)
+        name = getattr(cls, "name", None)
+        if name in self.FUSED_POLICIES and POLICIES[name] is cls:
+            return name
+        return None
 
     def _run_fused(self) -> None:
         """The whole run in :func:`fused.run_loop` calls: one, or one per step when
@@ -765,25 +772,23 @@ class Engine:
                     np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint64),
                     np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64))
         log = None
-        if type(policy) is LRUPolicy:
-            ctl[fz.POLICY] = fz.POLICY_LRU
+        name = self._fused_policy()
+        ctl[fz.POLICY] = self.FUSED_POLICIES[name]
+        if name == "lru":
             q = policy._queue
             lists = (q.prev, q.nxt, q.member, q.length)
-        elif type(policy) is StaticQuotaPolicy:
-            ctl[fz.POLICY] = fz.POLICY_STATIC_QUOTA
+        elif name == "static_quota":
             ctl[fz.QUOTA] = policy.quota
             q = policy._lists
             lists = (q.prev, q.nxt, q.member, q.length)
             quota_state = (policy.owner, policy.occupancy)
-        elif type(policy) is S3FIFOPolicy:
-            ctl[fz.POLICY] = fz.POLICY_S3FIFO
+        elif name == "s3fifo":
             q = policy._lists
             lists = (q.prev, q.nxt, q.member, q.length)
             s3_state = (policy._freq, policy._in_use, policy._key, policy._cnt, policy._params,
                         policy._gkeys, policy._gtab, policy._gpos)
             ctl[fz.S3_GHOST_SLACK] = policy._ghost_slack
-        else:
-            ctl[fz.POLICY] = fz.POLICY_PREFIXSHIELD
+        else:  # prefixshield
             ps = policy._state
             log = policy.debt_log
             ctl[fz.MAX_SAMPLES] = log.max_samples

@@ -308,8 +308,7 @@ def _available(ctl, length, ps, q_occupancy, s3_cnt, requester):
     if ctl[POLICY] == POLICY_STATIC_QUOTA:
         return sq._available(length, q_occupancy, ctl[QUOTA], requester)
     if ctl[POLICY] == POLICY_S3FIFO:
-        return (length[s3k.FREE] + length[s3k.SMALL] - s3_cnt[s3k.SMALL] + length[s3k.MAIN]
-                - s3_cnt[s3k.MAIN])
+        return s3k.num_free(length, s3_cnt)
     return _ps_num_free(ps)
 
 

@@ -683,6 +683,32 @@ def acquire(st, blocks):
 
 # ----------------------------------------------------------------------------- selection
 @njit(cache=True, inline="always")
+def _first_global(s):
+    """The first free cached candidate over all groups (head of the lowest non-empty class
+    list; class, then native order), or -1 if there is none."""
+    N = s.ctl[C_N]
+    for k in range(NUM_CLASSES):
+        if s.glen[k] > 0:
+            return s.gnxt[N + 2 * k]
+    return -1
+
+
+@njit(cache=True, inline="always")
+def _count_eviction(s, b, requester):
+    """Count the reclamation of cached block ``b`` by ``requester``: its owner's class count
+    drops, the eviction matrix and the evicted-class counts (owner -1: the unknown column)."""
+    o = s.owner[b]
+    G = s.ctl[C_G]
+    if o >= 0:
+        s.cls_count[o, s.klass[b]] -= 1
+        s.evictions[requester, o] += 1
+        s.evicted_class[o, s.klass[b]] += 1
+    else:
+        s.evictions[requester, G] += 1
+        s.evicted_class[G, s.klass[b]] += 1
+
+
+@njit(cache=True, inline="always")
 def _group_best(s, g):
     """(class, block) of group g's first candidate: head of its lowest non-empty class list."""
     N = s.ctl[C_N]
@@ -875,22 +901,11 @@ def _select(s, n, t, requester, out, off):
             if size > 1 and j + 1 < n:
                 _sift_down(s.heap, size, 0, s.P, s.qlen, s.qnxt, s.seq, N)
         else:
-            b = -1
-            for k in range(NUM_CLASSES):
-                if glen[k] > 0:
-                    b = s.gnxt[N + 2 * k]
-                    break
+            b = _first_global(s)
             _unlink1(s.gprev, s.gnxt, s.gmember, glen, b)
             if s.owner[b] >= 0:
                 _q_unlink(s, b)
-        o = s.owner[b]
-        if o >= 0:
-            s.cls_count[o, s.klass[b]] -= 1
-            s.evictions[requester, o] += 1
-            s.evicted_class[o, s.klass[b]] += 1
-        else:
-            s.evictions[requester, G] += 1
-            s.evicted_class[G, s.klass[b]] += 1
+        _count_eviction(s, b, requester)
         _forget(s, b)
         out[off + j] = b
     return k0
@@ -944,11 +959,7 @@ def _first_candidate(s, g, t):
     if s.ctl[C_RESPONSIBILITY] != 0 and (s.ctl[C_NUM_DEBTORS] != 0
                                         or not t >= s.fctl[F_PRUNE_CLOCK]):
         return -1
-    N = s.ctl[C_N]
-    for k in range(NUM_CLASSES):
-        if glen[k] > 0:
-            return s.gnxt[N + 2 * k]
-    return -1
+    return _first_global(s)
 
 
 @njit(cache=True, inline="always")
@@ -962,16 +973,9 @@ def _miss_one(s, b, g, c, pid, t):
     N = s.ctl[C_N]
     # eviction (the global-first branch of _select)
     _unlink1(s.gprev, s.gnxt, s.gmember, s.glen, b)
-    o = s.owner[b]
-    ko = s.klass[b]
-    if o >= 0:
+    if s.owner[b] >= 0:
         _q_unlink(s, b)
-        s.cls_count[o, ko] -= 1
-        s.evictions[g, o] += 1
-        s.evicted_class[o, ko] += 1
-    else:
-        s.evictions[g, s.ctl[C_G]] += 1
-        s.evicted_class[s.ctl[C_G], ko] += 1
+    _count_eviction(s, b, g)
     # materialize (one block, not cached after the eviction: no class count to take back)
     k = _charge(s, 1, g, c, pid, t)
     _label(s, b, g, c, pid, k)
@@ -1009,11 +1013,7 @@ def _prefetch_next_miss(s, key_of, bk, bshift):
     entry to leave (its home slot) and the one after it (its lines). Hints only: no value
     changes."""
     N = s.ctl[C_N]
-    v1 = -1
-    for k in range(NUM_CLASSES):
-        if s.glen[k] > 0:
-            v1 = s.gnxt[N + 2 * k]
-            break
+    v1 = _first_global(s)
     if v1 >= 0:
         kv = key_of[v1]
         if kv >= 0:

@@ -99,6 +99,12 @@ def ghost_sizes(num_blocks: int, ghost_size: int) -> tuple[int, int]:
 
 
 @njit(cache=True, inline="always")
+def num_free(length, cnt):
+    """Free blocks: truly free ones plus the unpinned blocks of small and main."""
+    return length[FREE] + length[SMALL] - cnt[SMALL] + length[MAIN] - cnt[MAIN]
+
+
+@njit(cache=True, inline="always")
 def _g_probe(gkeys, gtab, shift, mask, k):
     """Slot of ``gtab`` naming ``k``'s ring entry, else the empty slot where its probe ends."""
     j = _ht_slot(k, shift)
