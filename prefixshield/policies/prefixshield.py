@@ -25,7 +25,8 @@ Implementation: per-(group, class) intrusive LRU lists, global per-class lists a
 indebted groups, all in one packed buffer of numpy arrays (narrow dtypes, bounds stated in the
 kernels module) driven by the numba kernels of
 :mod:`prefixshield.policies.kernels.prefixshield_kernels` (one kernel call per event, passing the
-buffer; a victim costs O(log G) plus a pass over the groups that may owe). The pure-Python
+buffer; a victim costs O(log G) plus, for several victims, a pass over the groups that may
+owe; one victim walks a max tree of the groups' debt bounds instead). The pure-Python
 executable spec is :class:`prefixshield.policies.reference.prefixshield.ReferencePrefixShield`;
 the two agree decision for decision (tests/policies/test_prefixshield_random.py). The pure cache
 driver's loop also runs as one kernel (:meth:`PrefixShieldPolicy.replay_keys`, held to the
@@ -587,7 +588,7 @@ class PrefixShieldPolicy(Policy):
         uncached blocks only; each class list holds cached blocks of that class in strictly
         increasing native order; every owned candidate is in exactly its (owner, class) list;
         per-(group, class) cached counts match the block labels; without segmentation every
-        cached block is NORMAL."""
+        cached block is NORMAL. The max tree over the debt bounds matches them."""
         G = len(self.groups)
         N = self.num_blocks
         charged = self.charged.sum(axis=1)
@@ -600,6 +601,12 @@ class PrefixShieldPolicy(Policy):
             g = int(np.flatnonzero(self.in_debt)[0])
             raise AssertionError(f"I2: group {self.groups[g]!r} had {int(self.in_debt[g])} "
                                  f"promotion(s) while its debt exceeded epsilon={self.epsilon}")
+        tree = self._packed.arrays["utree"]
+        if G and not (np.array_equal(tree[G:], self._ub)
+                      and np.array_equal(tree[1:G], np.maximum(tree[2:2 * G:2],
+                                                               tree[3:2 * G:2]))):
+            raise AssertionError("the debt-bound tree does not match the bounds (leaf G + g = "
+                                 "ub[g], node i = max of nodes 2i and 2i + 1)")
         tf = self._global_list(K.TRULY_FREE)
         if self.cached[tf].any():
             raise AssertionError(f"truly free list holds cached block(s) {tf[self.cached[tf]][:5]}")

@@ -34,9 +34,14 @@ are enforced by the policy: ``G <= MAX_GROUPS``, ``C <= MAX_CONTRACTS``):
   cleared one stays cleared as the clock advances), so selection computes ``P_g`` only for
   these; at an earlier clock (one that stepped back) it computes all groups, as before.
   ``ub[g]`` (float64) bounds ``D̃_g`` at every clock (:func:`_debt_bound`, updated at each
-  charge): a selection of one victim skips the exact ``P_g`` of a debtor whose bound is below
-  the best ``P`` found so far, so it scores a few debtors, not all. (``W_g`` is recomputed for
-  the group that gives a victim; ``P`` and ``heap`` are per-selection scratch.)
+  charge; a debtor whose bound drops to 0 leaves the list there). ``utree`` (float64, ``2·G``
+  nodes) is a max tree over the bounds: leaf ``G + g`` holds ``ub[g]``, node ``i < G`` the
+  larger of nodes ``2i`` and ``2i + 1`` (node 1 the root, node 0 unused). A selection of one
+  victim walks it from the root, largest bound first, and skips every subtree whose largest
+  bound is below the best exact ``P`` found so far (or not above ``eps``): it scores the few
+  groups whose bound can reach the winner, O(log G) each, at any clock. (``W_g`` is recomputed
+  for the group that gives a victim; ``P`` and ``heap`` are per-selection scratch, ``heap``
+  also the walk's stack.)
 * Admission history: an LRU set of ``(group, prefix_id)`` pairs in entries ``0..H-1``
   (``hkey_g`` int16, ``hkey_p`` int64; LRU order in ``hprev``/``hnxt``, int32, sentinels H and
   H+1) indexed by an open-addressing table ``htab`` (int32, 0 = empty, else ``entry + 1`` in
@@ -115,7 +120,7 @@ State = namedtuple("State", [
     "owner", "contract", "prefix", "klass", "cached", "seq", "hits",
     "gprev", "gnxt", "gmember", "glen", "qprev", "qnxt", "qlen",
     "rho", "beta", "w", "bal", "t0", "charged", "materialized", "cls_count", "granted", "gated",
-    "in_debt", "evictions", "evicted_class", "P", "ub", "heap", "debtors", "dpos",
+    "in_debt", "evictions", "evicted_class", "P", "ub", "heap", "debtors", "dpos", "utree",
     "hkey_g", "hkey_p", "hprev", "hnxt", "htab"])
 """The arrays of the packed state, in field order (see the module docstring)."""
 
@@ -144,7 +149,7 @@ def layout(N: int, G: int, C: int, H: int, hbits: int) -> list[tuple[str, type, 
         "granted": (np.int64, (G,)), "gated": (np.int64, (G,)), "in_debt": (np.int64, (G,)),
         "evictions": (np.int64, (G, G + 1)), "evicted_class": (np.int64, (G + 1, NUM_CLASSES)),
         "P": (np.float64, (G,)), "ub": (np.float64, (G,)), "heap": (np.int32, (G,)),
-        "debtors": (np.int32, (G,)), "dpos": (np.int32, (G,)),
+        "debtors": (np.int32, (G,)), "dpos": (np.int32, (G,)), "utree": (np.float64, (2 * G,)),
         "hkey_g": (np.int16, (H,)), "hkey_p": (np.int64, (H,)),
         "hprev": (np.int32, (H + 2,)), "hnxt": (np.int32, (H + 2,)),
         "htab": (np.int32, (1 << hbits,)),
@@ -187,9 +192,9 @@ def state(st):
         _field2d(st, 27, G, G + 1, np.int64),
         _field2d(st, 28, G + 1, NUM_CLASSES, np.int64),
         _field(st, 29, np.float64), _field(st, 30, np.float64), _field(st, 31, np.int32),
-        _field(st, 32, np.int32), _field(st, 33, np.int32),
-        _field(st, 34, np.int16), _field(st, 35, np.int64), _field(st, 36, np.int32),
-        _field(st, 37, np.int32), _field(st, 38, np.int32))
+        _field(st, 32, np.int32), _field(st, 33, np.int32), _field(st, 34, np.float64),
+        _field(st, 35, np.int16), _field(st, 36, np.int64), _field(st, 37, np.int32),
+        _field(st, 38, np.int32), _field(st, 39, np.int32))
 
 
 # ----------------------------------------------------------------------------- block metadata
@@ -310,6 +315,22 @@ def _debt_bound(bal, w, g):
         if bal[g, c] < 0.0:
             d += -bal[g, c] / w[c]
     return d
+
+
+@njit(cache=True, inline="always")
+def _set_bound(s, g, u):
+    """``ub[g] = u`` and the max tree's path from leaf ``G + g`` up, as far as a node changes."""
+    s.ub[g] = u
+    G = s.ctl[C_G]
+    i = G + g
+    s.utree[i] = u
+    while i > 1:
+        parent = i >> 1
+        m = max(s.utree[2 * parent], s.utree[2 * parent + 1])
+        if s.utree[parent] == m:
+            return
+        s.utree[parent] = m
+        i = parent
 
 
 @njit(cache=True, inline="always")
@@ -476,7 +497,12 @@ def _charge(s, n, g, c, pid, t):
     if s.bal[g, c] < 0.0:
         _add_debtor(s, g)
     if old < 0.0 or s.bal[g, c] < 0.0:  # else no term of the bound changed
-        s.ub[g] = _debt_bound(s.bal, s.w, g)
+        u = _debt_bound(s.bal, s.w, g)
+        _set_bound(s, g, u)
+        if u == 0.0 and s.dpos[g] >= 0:
+            # every bucket has B >= 0 (or a term too small to round above 0, so P = 0 too):
+            # P_g = 0 at any clock until g's next charge
+            _drop_debtor(s, g)
     first = _history_admit(s, g, pid)
     if s.ctl[C_SEGMENTATION] == 0:
         return NORMAL
@@ -822,38 +848,44 @@ def _select(s, n, t, requester, out, off):
     if k0 == n:
         return k0
     size = 0
-    if s.ctl[C_RESPONSIBILITY] != 0 and n - k0 == 1 and t >= s.fctl[F_PRUNE_CLOCK]:
-        # one reclamation: the unique best group (the heap's first pop), found directly. A
-        # debtor whose bound ub[g] is below the best P so far cannot win or tie, so its exact
-        # P is not computed (nor is it dropped if cleared: the list stays a superset)
+    if s.ctl[C_RESPONSIBILITY] != 0 and n - k0 == 1:
+        # one reclamation: the unique best group (the heap's first pop), found by walking the
+        # bound tree largest bound first; a subtree whose largest bound is below the best P so
+        # far cannot hold a winner or a tie (ub >= P at every clock, module docstring)
         best = -1
-        # first the debtor with the largest bound (bounds are tight between charges): its exact
-        # P makes the pass below skip nearly every other debtor
-        top = -1
-        for i in range(s.ctl[C_NUM_DEBTORS]):
-            g = s.debtors[i]
-            if s.ub[g] > eps and (top < 0 or s.ub[g] > s.ub[top]) and _has_candidates(s, g):
-                top = g
-        if top >= 0:
-            p, wmax = group_normalized_debt(s.bal, s.t0, s.rho, s.beta, s.w, top, t)
-            s.P[top] = p
-            if p > eps:
-                best = top
-        for i in range(s.ctl[C_NUM_DEBTORS] - 1, -1, -1):
-            g = s.debtors[i]
-            if g == best:
+        stack = s.heap
+        stack[0] = 1
+        sp = 1
+        utree = s.utree
+        while sp > 0:
+            sp -= 1
+            node = stack[sp]
+            u = utree[node]
+            if not u > eps or (best >= 0 and u < s.P[best]):
                 continue
-            u = s.ub[g]
-            if u == 0.0:
-                # every bucket has B >= 0 (or a term too small to round above 0, so P = 0 too):
-                # P_g = 0 at any clock until g's next charge, never above eps
-                _drop_debtor(s, g)
+            if node < G:
+                left = 2 * node
+                if utree[left] >= utree[left + 1]:  # the larger child on top
+                    stack[sp] = left + 1
+                    stack[sp + 1] = left
+                else:
+                    stack[sp] = left
+                    stack[sp + 1] = left + 1
+                sp += 2
                 continue
-            if not u > eps or (best >= 0 and u < s.P[best]) or not _has_candidates(s, g):
+            g = node - G
+            if not _has_candidates(s, g):
                 continue
-            if not _score_debtor(s, g, t):
+            p, wmax = group_normalized_debt(s.bal, s.t0, s.rho, s.beta, s.w, g, t)
+            if wmax == 0.0:
+                # cleared at t: stays cleared as the clock advances
+                if s.dpos[g] >= 0:
+                    _drop_debtor(s, g)
+                    if t > s.fctl[F_PRUNE_CLOCK]:
+                        s.fctl[F_PRUNE_CLOCK] = t
                 continue
-            if s.P[g] > eps and (best < 0 or _better(s, g, best)):
+            s.P[g] = p
+            if p > eps and (best < 0 or _better(s, g, best)):
                 best = g
         if best >= 0:
             s.heap[0] = best
@@ -877,16 +909,8 @@ def _select(s, n, t, requester, out, off):
                 if p > eps:
                     s.heap[size] = g
                     size += 1
-        if n - k0 == 1:  # the clock stepped back: every scored group ranked directly
-            best = 0
-            for i in range(1, size):
-                if _better(s, s.heap[i], s.heap[best]):
-                    best = i
-            if size > 0:
-                s.heap[0] = s.heap[best]
-        else:
-            for i in range(size // 2 - 1, -1, -1):
-                _sift_down(s.heap, size, i, s.P, s.qlen, s.qnxt, s.seq, N)
+        for i in range(size // 2 - 1, -1, -1):
+            _sift_down(s.heap, size, i, s.P, s.qlen, s.qnxt, s.seq, N)
     for j in range(k0, n):
         if size > 0:
             gs = s.heap[0]
@@ -920,8 +944,9 @@ def select(st, n, t, requester, out, off):
     ``P_g > eps``, the one with the largest ``P_g`` (ties: lowest best class, then oldest best
     block) gives its first candidate (class order, then native order) and ``P_g -= 1 / W_g(t)``;
     otherwise the first candidate globally (class, then native order). A binary heap over the
-    indebted groups makes each victim O(log G); only debtors are scored, and for one victim
-    only those whose debt bound can reach the best so far (module docstring).
+    indebted groups makes each victim O(log G) and only debtors are scored; one victim walks the
+    max tree of debt bounds and scores only the groups whose bound can reach the best so far
+    (module docstring), at any clock.
     Each reclaimed cached block is evicted: its metadata is dropped and
     ``evictions[requester, owner]`` (column G = unknown owner) and
     ``evicted_class[owner, class]`` (row G = unknown owner) counted.

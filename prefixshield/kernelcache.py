@@ -1,0 +1,93 @@
+"""Where numba keeps the package's compiled kernels: one directory per version of their sources.
+
+numba's on-disk cache (``cache=True``) checks a cached function against its *own* source file
+only (modification time and size). A kernel that inlines or calls kernels of another module
+carries their compiled code in its cache entry, so after an edit of that other module (or an
+upgrade that leaves the caller's file as it was) numba still loads the old machine code: the
+fused event loop's cached PrefixShield wrappers, compiled against an older layout of the
+policy's packed buffer, ran and wrote the wrong fields after a field was added to it. Hence one
+cache directory per digest of every kernel source file (:data:`KERNEL_SOURCES`): an edit of any
+of them starts a fresh directory, and nothing compiled against other sources is ever loaded.
+
+Location: ``$NUMBA_CACHE_DIR/kernels-<digest>`` where the user set ``NUMBA_CACHE_DIR``, else
+``<prefixshield's cache directory>/numba/kernels-<digest>`` (:func:`prefixshield.usercache.
+cache_dir`; writable where a read-only install's ``__pycache__`` is not). Where that directory
+cannot be written, numba falls back to its own locations by itself. Directories of older digests
+are left in place (a few tens of MB each).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sys
+from pathlib import Path
+
+KERNEL_SOURCES = (
+    "bench/cycles.py",
+    "bench/selector.py",
+    "policies/kernels/hashtable.py",
+    "policies/kernels/linkedlist.py",
+    "policies/kernels/packed.py",
+    "policies/kernels/prefixshield_kernels.py",
+    "policies/kernels/s3fifo_kernels.py",
+    "policies/lru.py",
+    "policies/static_quota.py",
+    "simulator/batch.py",
+    "simulator/blockpool.py",
+    "simulator/creation.py",
+    "simulator/fused.py",
+    "simulator/hashing.py",
+    "traces/tokens.py",
+)
+"""Every package module (path under ``prefixshield/``) that defines a numba kernel; a test keeps
+the list complete."""
+
+DIR_PREFIX = "kernels-"
+_OURS = re.compile(re.escape(DIR_PREFIX) + r"[0-9a-f]{16}")
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def digest(package_dir: Path = PACKAGE_DIR) -> str:
+    """16 hex digits of SHA-256 over every :data:`KERNEL_SOURCES` file (name and bytes); a
+    missing file counts as empty."""
+    h = hashlib.sha256()
+    for rel in KERNEL_SOURCES:
+        try:
+            data = (package_dir / rel).read_bytes()
+        except OSError:
+            data = b""
+        h.update(rel.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()[:16]
+
+
+def cache_path(environ=None, package_dir: Path = PACKAGE_DIR) -> Path:
+    """The kernel cache directory for these sources. ``NUMBA_CACHE_DIR`` (from ``environ``,
+    default ``os.environ``) is the base, unless it is already one of ours (a child process
+    inherits it from its parent), whose parent is then the base."""
+    env = os.environ if environ is None else environ
+    user = env.get("NUMBA_CACHE_DIR", "").strip()
+    if user:
+        base = Path(user).expanduser()
+        if _OURS.fullmatch(base.name):
+            base = base.parent
+    else:
+        from prefixshield.usercache import cache_dir
+
+        base = cache_dir() / "numba"
+    return base / f"{DIR_PREFIX}{digest(package_dir)}"
+
+
+def configure() -> Path:
+    """Point numba's cache at :func:`cache_path` for this process and its children (through
+    ``NUMBA_CACHE_DIR``; also numba's loaded config when numba is already imported). Must run
+    before the first kernel module is imported: numba picks a function's cache location when it
+    decorates it."""
+    path = cache_path()
+    os.environ["NUMBA_CACHE_DIR"] = str(path)
+    numba_config = sys.modules.get("numba.core.config")
+    if numba_config is not None:
+        numba_config.CACHE_DIR = str(path)
+    return path
