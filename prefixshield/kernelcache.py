@@ -80,12 +80,15 @@ def cache_path(environ=None, package_dir: Path = PACKAGE_DIR) -> Path:
     return base / f"{DIR_PREFIX}{digest(package_dir)}"
 
 
-def configure() -> Path:
+def configure() -> Path | None:
     """Point numba's cache at :func:`cache_path` for this process and its children (through
-    ``NUMBA_CACHE_DIR``; also numba's loaded config when numba is already imported). Must run
-    before the first kernel module is imported: numba picks a function's cache location when it
-    decorates it."""
-    path = cache_path()
+    ``NUMBA_CACHE_DIR``; also numba's loaded config when numba is already imported) and return
+    it; None, changing nothing, where no home directory can be found. Must run before the first
+    kernel module is imported: numba picks a function's cache location when it decorates it."""
+    try:
+        path = cache_path()
+    except RuntimeError:  # Path.home() without HOME or a passwd entry
+        return None
     os.environ["NUMBA_CACHE_DIR"] = str(path)
     numba_config = sys.modules.get("numba.core.config")
     if numba_config is not None:
