@@ -38,8 +38,8 @@ structure — it holds exactly the ref_cnt-0 non-null blocks, so ``get_num_free_
 * ``get_new_blocks(n)``: ``policy.select_victims(n, now, requester)`` names the blocks; each is
   unlinked from vLLM's queue with the O(1) step of its ``remove`` (inlined; instead of
   ``popleft_n``), then vLLM's own steps follow: reuse watchers, ``_maybe_evict_cached_block`` (a
-  cached victim loses its hash: an eviction, attributed ``[requester, owner]``),
-  ``ref_cnt += 1``, metrics;
+  cached victim loses its hash: an eviction, attributed ``[requester, owner]``; not called for
+  a victim without a hash where 0.32.0's does nothing), ``ref_cnt += 1``, metrics;
 * ``free_blocks``: vLLM's bookkeeping first (head/tail of its queue), then
   ``policy.on_release(blocks reaching ref_cnt 0, cached mask, now)`` in vLLM's iteration order;
 * ``touch`` (prefix hits): ``policy.on_hit(hit blocks)``, vLLM's ``touch``, then
@@ -143,6 +143,10 @@ EXTRA_PREFIX_ID = "prefixshield_prefix_id"
 """Keys of ``SamplingParams.extra_args`` the pool reads."""
 
 TESTED_VLLM_VERSIONS = ("0.32.0",)
+_NOOP_EVICT_KNOWN = vllm.__version__ in TESTED_VLLM_VERSIONS
+"""Whether vLLM's ``_maybe_evict_cached_block`` is 0.32.0's, a no-op for a block without a hash
+(no metrics collector, no partial-prefix keys): ``get_new_blocks`` skips the call there."""
+_vllm_maybe_evict = _VllmBlockPool._maybe_evict_cached_block
 DEFAULT_MAX_GROUPS = 16
 _PLACEHOLDER = "<slot {}>"
 
@@ -415,10 +419,18 @@ class PolicyBlockPool(_VllmBlockPool):
     block (~0.05 us). So the owner and eviction counters are Python lists (``owner`` and
     ``evictions`` build the arrays when read), ``free_blocks`` and ``touch`` do vLLM's steps and
     ours in one loop, vLLM's queue ``remove`` is inlined, a request's ids are looked up once
-    (:data:`_META_ATTR`), and a hook the policy leaves as the base no-op (LRU's ``on_hit``/``on_materialize``; ``available`` =
-    ``num_free``) is not called at all. What is left per call is mostly fixed: each policy call
-    (~1 us: the method and numba's dispatch over its arrays), each list -> array conversion
-    (~0.4 us), the clock read. ``prefixshield bench --section plugin`` measures it.
+    (:data:`_META_ATTR`), and a hook the policy leaves as the base no-op (LRU's ``on_hit`` /
+    ``on_materialize``; ``available`` = ``num_free``) is not called at all. What is left per
+    call is mostly fixed: each policy call (~1 us: the method and numba's dispatch over its
+    arrays), each list -> array conversion (~0.4 us), the clock read, and once per request the
+    lookup of its ids (~1-2 us inside a running stream). ``prefixshield bench --section
+    plugin`` measures it.
+
+    NOTE: the hot paths never read the pool's ``__dict__``: on CPython 3.11 that turns an
+    object's inline attribute values into a dict, after which every attribute read of the
+    object is slower (the pool's, in vLLM's code too). The policy's ``__dict__`` is read, to
+    see a hook patched on the instance: that costs its few reads per call less than testing
+    ``policy.<hook>.__func__`` (a bound method per test) did in the pool-call replay.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -427,6 +439,8 @@ class PolicyBlockPool(_VllmBlockPool):
         self.config: PluginConfig | None = None
         self._current = None
         self._warned_no_request = False
+        self._noop_evict_known = _NOOP_EVICT_KNOWN and \
+            type(self)._remove_cached_block_hashes is _VllmBlockPool._remove_cached_block_hashes
         cfg = PluginConfig.from_env()
         if cfg is not None:
             if not self.enable_caching:
@@ -511,12 +525,16 @@ class PolicyBlockPool(_VllmBlockPool):
         return gid
 
     def _group(self, request) -> int:
-        tenants = self.tenants
         meta = getattr(request, _META_ATTR, None)
-        if meta is not None and meta[0] is tenants:
+        if meta is not None and meta[0] is self.tenants:
             return meta[1]
-        # first sight of the request in this table: its group (a known salt without a call),
-        # and its (contract, prefix_id) where they resolve
+        return self._first_sight(request)
+
+    def _first_sight(self, request) -> int:
+        """``_group`` of a request without a memo for this table (the hot paths test the memo
+        inline and call this on a miss): its group (a known salt without a call), and its
+        (contract, prefix_id) where they resolve, memoized."""
+        tenants = self.tenants
         salt = getattr(request, "cache_salt", None)
         g = tenants.ids.get(tenants.default_group if salt is None or salt == "" else str(salt))
         if g is None:
@@ -524,9 +542,21 @@ class PolicyBlockPool(_VllmBlockPool):
         try:
             # the salt and extra_args of a request never change, nor a group id while this
             # table lives; (contract, prefix_id) is memoized once it resolves without an error
-            # (an unknown contract is raised where it always was: by request_meta)
-            cp, final = self._resolve_contract_prefix(request, False)
-            setattr(request, _META_ATTR, [tenants, g, cp if final else None])
+            # (an unknown contract is raised where it always was: by request_meta). The common
+            # case -- a configured or default contract and an explicit prefix id -- is
+            # _resolve_contract_prefix(request, False) inlined (once per request, but on every
+            # admission of a new one).
+            sp = getattr(request, "sampling_params", None)
+            extra = getattr(sp, "extra_args", None) if sp is not None else None
+            if extra and (p := extra.get(EXTRA_PREFIX_ID)) is not None and (c := (
+                    self._default_contract if (cname := extra.get(EXTRA_CONTRACT)) is None
+                    else self._contract_ids.get(cname))) is not None:
+                cp = (c, int(p))
+            else:
+                cp, final = self._resolve_contract_prefix(request, False)
+                if not final:
+                    cp = None
+            setattr(request, _META_ATTR, [tenants, g, cp])
         except (AttributeError, TypeError):  # an object without attributes: no memo
             pass
         return g
@@ -601,7 +631,7 @@ class PolicyBlockPool(_VllmBlockPool):
         if pol is None:
             return n
         meta = getattr(cur, _META_ATTR, None)  # self._group(cur), inlined: called per admission
-        g = meta[1] if meta is not None and meta[0] is self.tenants else self._group(cur)
+        g = meta[1] if meta is not None and meta[0] is self.tenants else self._first_sight(cur)
         if self._base_available and "available" not in pol.__dict__:
             # NOTE: the base cap is ``num_free()``, which is this queue's count (the invariant
             # ``_verify`` checks), so min(n, cap) = n without the call.
@@ -615,10 +645,12 @@ class PolicyBlockPool(_VllmBlockPool):
             return super().get_new_blocks(num_blocks)
         # get_num_free_blocks() and _requester(), with the requester's group looked up once
         cur = self._current
-        free = self.free_block_queue.num_free_blocks
+        queue = self.free_block_queue
+        free = queue.num_free_blocks
         if cur is not None:
             meta = getattr(cur, _META_ATTR, None)
-            g = meta[1] if meta is not None and meta[0] is self.tenants else self._group(cur)
+            g = meta[1] if meta is not None and meta[0] is self.tenants \
+                else self._first_sight(cur)
             if not self._base_available or "available" in pol.__dict__:
                 free = min(free, pol.available(g))
         if num_blocks > free:
@@ -637,7 +669,6 @@ class PolicyBlockPool(_VllmBlockPool):
         # and the requester owns the block. vLLM's ``free_block_queue.remove(blk)`` is inlined
         # (its O(1) unlink; the count is updated once).
         blocks = self.blocks
-        queue = self.free_block_queue
         ret = []
         for b in victims.tolist():
             blk = blocks[b]
@@ -658,12 +689,23 @@ class PolicyBlockPool(_VllmBlockPool):
         unknown = len(ev_row) - 1
         evict = self._maybe_evict_cached_block
         mc = self.metrics_collector
+        # NOTE: vLLM 0.32.0's ``_maybe_evict_cached_block`` does nothing to a block without a
+        # hash when no metrics collector is set and ``cached_block_hashes_by_block`` (a block's
+        # extra, partial-prefix keys) has no entry for it, so it is not called then (about half
+        # the victims of a request stream are such truly free blocks); ``extra`` is None where
+        # it must always be called (another vLLM, a metrics collector, a patched method).
+        # (``self.__dict__`` is not read here: on CPython 3.11 that turns the pool's inline
+        # attribute values into a dict, and every later ``self.<name>`` read gets slower)
+        extra = self.cached_block_hashes_by_block if self._noop_evict_known and not mc \
+            and getattr(evict, "__func__", None) is _vllm_maybe_evict else None
         for blk in ret:
             b = blk.block_id
             if blk.block_hash is not None:
                 o = owner[b]
                 ev_row[o if o >= 0 else unknown] += 1
-            evict(blk)
+                evict(blk)
+            elif extra is None or (extra and b in extra):
+                evict(blk)
             blk.ref_cnt += 1
             owner[b] = g
             if mc:
@@ -745,28 +787,27 @@ class PolicyBlockPool(_VllmBlockPool):
         evict_last = []    # hashed: to the tail (LRU)
         freed: list[int] = []
         cached: list[bool] = []
-        add_freed = freed.append
-        add_cached = cached.append
         other_pools: dict | None = None
         owner = self._owner
         for blk in ordered_blocks:
             bp = blk.pool
-            if bp is not None and bp is not self:
+            if bp is not self and bp is not None:
                 if other_pools is None:
                     other_pools = {}
                 other_pools.setdefault(bp, []).append(blk)
                 continue
-            blk.ref_cnt -= 1
-            if blk.ref_cnt == 0 and not blk.is_null:
+            rc = blk.ref_cnt - 1
+            blk.ref_cnt = rc
+            if rc == 0 and not blk.is_null:
                 b = blk.block_id
-                add_freed(b)
+                freed.append(b)
                 if blk.block_hash is None:
                     evict_first.append(blk)
-                    add_cached(False)
+                    cached.append(False)
                     owner[b] = -1
                 else:
                     evict_last.append(blk)
-                    add_cached(True)
+                    cached.append(True)
         queue = self.free_block_queue
         queue.prepend_n(evict_first)
         queue.append_n(evict_last)
