@@ -13,7 +13,7 @@ Location: ``$NUMBA_CACHE_DIR/kernels-<digest>`` where the user set ``NUMBA_CACHE
 ``<prefixshield's cache directory>/numba/kernels-<digest>`` (:func:`prefixshield.usercache.
 cache_dir`; writable where a read-only install's ``__pycache__`` is not). Where that directory
 cannot be written, numba falls back to its own locations by itself. Directories of older digests
-are left in place (a few tens of MB each).
+are left in place (about 6 MB each after a full test run).
 """
 
 from __future__ import annotations
