@@ -811,14 +811,17 @@ def _has_candidates(s, g):
 
 
 @njit(cache=True, inline="always")
-def _score_debtor(s, g, t):
-    """Debtor g's ``D̃_g(t)`` into ``P[g]`` and True; or False for a debtor with no indebted
-    contract left (``W_g = 0``): it is dropped from the debtor list and the prune clock moves
-    to ``t`` (a clock stepping back behind it scores every group again)."""
+def _score_group(s, g, t):
+    """Group g's ``D̃_g(t)`` into ``P[g]`` and True; or False for a group with no indebted
+    contract at ``t`` (``W_g = 0``): cleared at ``t``, it stays cleared as the clock advances,
+    so a debtor leaves the debtor list and the prune clock moves up to ``t`` (a clock stepping
+    back behind it scores every group again)."""
     p, wmax = group_normalized_debt(s.bal, s.t0, s.rho, s.beta, s.w, g, t)
     if wmax == 0.0:
-        _drop_debtor(s, g)
-        s.fctl[F_PRUNE_CLOCK] = t
+        if s.dpos[g] >= 0:
+            _drop_debtor(s, g)
+            if t > s.fctl[F_PRUNE_CLOCK]:
+                s.fctl[F_PRUNE_CLOCK] = t
         return False
     s.P[g] = p
     return True
@@ -874,18 +877,9 @@ def _select(s, n, t, requester, out, off):
                 sp += 2
                 continue
             g = node - G
-            if not _has_candidates(s, g):
+            if not _has_candidates(s, g) or not _score_group(s, g, t):
                 continue
-            p, wmax = group_normalized_debt(s.bal, s.t0, s.rho, s.beta, s.w, g, t)
-            if wmax == 0.0:
-                # cleared at t: stays cleared as the clock advances
-                if s.dpos[g] >= 0:
-                    _drop_debtor(s, g)
-                    if t > s.fctl[F_PRUNE_CLOCK]:
-                        s.fctl[F_PRUNE_CLOCK] = t
-                continue
-            s.P[g] = p
-            if p > eps and (best < 0 or _better(s, g, best)):
+            if s.P[g] > eps and (best < 0 or _better(s, g, best)):
                 best = g
         if best >= 0:
             s.heap[0] = best
@@ -895,7 +889,7 @@ def _select(s, n, t, requester, out, off):
             # only debtors can owe at t (module docstring); a debtor seen cleared is dropped
             for i in range(s.ctl[C_NUM_DEBTORS] - 1, -1, -1):
                 g = s.debtors[i]
-                if not _score_debtor(s, g, t):
+                if not _score_group(s, g, t):
                     continue
                 if s.P[g] > eps and _has_candidates(s, g):
                     s.heap[size] = g
