@@ -5,11 +5,13 @@
    scheduler, block pool, LRU, cost model) on a cheap generated workload, ``one_touch`` at
    4,096 blocks with one output token per request (``output_tokens=(1, 1)``, the prefill study)
    and 128-token prefixes plus 16-48-token suffixes (``prefix_tokens=128``, about 10 blocks a
-   request, so that 10^6 requests fit the fused loop's up-front hashes,
-   ``Engine.FUSED_MAX_HASHES``, and every size takes the same path; the path is reported, and
+   request, so that every size fits the fused loop's up-front hashes,
+   ``Engine.FUSED_MAX_HASHES``, and takes the same path; the path is reported, and
    linearity is not judged when the sizes took different paths). The measured phase is
    lengthened (``duration_s``, from a pilot trace's rate) until the trace holds about 10^4,
-   10^5 and 10^6 requests (``--quick``: 10^3, 4 x 10^3, 1.6 x 10^4). Timed: ``Engine.run``
+   10^5, 10^6 and 2 x 10^6 requests (the last: past 10^6, where a fixed bound on the fused
+   loop's hashes once sent a run to the per-step path; ``--quick``: 10^3, 4 x 10^3,
+   1.6 x 10^4). Timed: ``Engine.run``
    (best of ``repeats`` runs, more while they add up to less than :data:`MIN_TIMED_S`), in wall
    seconds and in this thread's CPU seconds (user + system, least of the runs; the system part
    is also given apart): on a shared machine the wall time includes the waits for a core, which
@@ -51,7 +53,7 @@ ENGINE_BLOCKS = 4096
 ENGINE_PROFILE = "l4-qwen2.5-1.5b"
 ENGINE_OVERRIDES = {"output_tokens": (1, 1), "prefix_tokens": 128, "suffix_tokens": (16, 48)}
 """``one_touch`` made cheap: one output token, 8-block prefixes (see the module docstring)."""
-REQUEST_SIZES = (10_000, 100_000, 1_000_000)
+REQUEST_SIZES = (10_000, 100_000, 1_000_000, 2_000_000)
 QUICK_REQUEST_SIZES = (1_000, 4_000, 16_000)
 POOL_SIZES = (1 << 14, 1 << 17, 1 << 20)
 QUICK_POOL_SIZES = (1 << 10, 1 << 12, 1 << 14)

@@ -39,6 +39,7 @@ kept as the executable spec the batched one is tested against:
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
@@ -61,6 +62,27 @@ from prefixshield.traces.tokens import prompt_token_ids
 
 OUTPUT_SEED_SALT = 0x0DEC0DE
 """Mixed into the trace seed for the tokens of requests without an ``output_segment_id``."""
+
+
+FUSED_BYTES_PER_HASH = 12
+"""Up-front bytes of the fused loop per block hash: the 8-byte hash and a 4-byte block-table
+slot."""
+
+
+def fused_hash_budget(memory_share: int = 16) -> int:
+    """Most block hashes (blocks of prompt and output over the whole trace) that the fused loop
+    builds up front: as many as take 1/``memory_share`` of this machine's physical memory at
+    :data:`FUSED_BYTES_PER_HASH` bytes each, and never fewer than 2**24 (192 MiB). The bound
+    only picks the path (both give the same run, bit for bit); past it a run is slower a
+    request, not different (README, Performance: a fixed 2**24 made the scale bench's workload
+    ~15x slower a request past ~1.6M requests). The share is per process: sweep workers on one
+    machine each may take it, only for traces that large."""
+    floor = 1 << 24
+    try:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # no sysconf names on this platform
+        return floor
+    return max(floor, phys // memory_share // FUSED_BYTES_PER_HASH)
 
 
 def _index_of(column: pd.Series, names: list[str]) -> np.ndarray:
@@ -695,10 +717,11 @@ class Engine:
                          trace_meta=self.trace.meta)
 
     # ------------------------------------------------------------------ the fused loop
-    FUSED_MAX_HASHES = 1 << 24
-    """Most block hashes the fused loop builds up front for a whole trace: 8 bytes a hash plus a
-    4-byte block-table slot, about 192 MiB at the bound (268M tokens in 16-token blocks). A
-    larger trace takes the per-step batched path, which builds them per chunk of arrivals."""
+    FUSED_MAX_HASHES = fused_hash_budget()
+    """Most block hashes the fused loop builds up front for a whole trace (see
+    :func:`fused_hash_budget`: 131,645,781 on the 24 GiB development machine). A larger trace
+    takes the per-step batched path, which builds them per chunk of arrivals: the same results,
+    slower a request (~15x on the scale bench's workload)."""
 
     FUSED_FIRST_ROWS: int | None = None
     """Rows of the fused loop's first occupancy and creation buffers; None sizes them from the

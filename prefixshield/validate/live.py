@@ -503,10 +503,14 @@ class LiveEngine:
                     # end of the last step while the engine is busy; after an idle spell, those
                     # due by the waking arrival (a later one waits for the next boundary).
                     # (A busy engine whose last step scheduled nothing waits like an idle one.)
+                    # An engine that went idle at the end of its last step while the next
+                    # request arrived during that step wakes at that step's end, not at the
+                    # arrival: charging the next step from the arrival would count the overlap
+                    # twice and run the replayed clock ahead of the live one.
                     if engine.has_unfinished_requests() and not stalled:
                         boundary = t_ref
                     elif nxt < n and arrival[nxt] <= time.monotonic() - t0:
-                        boundary = t_ref = arrival[nxt]
+                        boundary = t_ref = max(t_ref, arrival[nxt])
                     elif nxt < n and not engine.has_unfinished_requests():
                         time.sleep(max(0.0, arrival[nxt] - (time.monotonic() - t0)))
                         continue

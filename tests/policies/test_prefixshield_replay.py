@@ -36,7 +36,9 @@ def _batch(policy, keys, groups, contract=0):
 @pytest.mark.parametrize("contracts", [list(DEFAULT_CONTRACTS.values()), TIGHT],
                          ids=["default", "tight"])
 @pytest.mark.parametrize("flags", [{}, dict(segmentation=False), dict(responsibility=False),
-                                   dict(debt_gate=False, history_factor=0.05)])
+                                   dict(debt_gate=False, history_factor=0.05),
+                                   # a log that halves (its stride doubles) many times, and none
+                                   dict(max_debt_samples=5), dict(max_debt_samples=0)])
 @pytest.mark.parametrize("capacity,num_groups,scan", [(20, 3, False), (200, 8, True),
                                                       (1000, 32, True)])
 def test_batch_replay_equals_one_call_at_a_time(capacity, num_groups, scan, flags, contracts):
@@ -53,6 +55,8 @@ def test_batch_replay_equals_one_call_at_a_time(capacity, num_groups, scan, flag
     assert dict(block_of) == want_map
     assert np.array_equal(fast.free_order(), slow.free_order())
     assert fast.stats() == slow.stats()  # counters, debts, classes and debt-log samples
+    assert ((fast.debt_log.size, fast.debt_log.stride, fast.debt_log.num_charges)
+            == (slow.debt_log.size, slow.debt_log.stride, slow.debt_log.num_charges))
     for name in ("owner", "contract", "prefix", "klass", "cached", "hits", "seq"):
         assert np.array_equal(getattr(fast, name), getattr(slow, name)), name
     fast.check_invariants()

@@ -17,6 +17,7 @@ from helpers import assert_same_run as same_run, make_trace, small_trace
 from prefixshield.policies import POLICIES, make_policy
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import CostModel, load_profile
+from prefixshield.simulator import engine as engine_module
 from prefixshield.simulator.engine import Engine, EngineError
 from prefixshield.simulator import fused as fz
 from prefixshield.simulator.hashing import chain_block_hashes
@@ -278,6 +279,22 @@ def test_fused_loop_applies_only_where_it_is_exact():
     small = engine()
     small.FUSED_MAX_HASHES = 10
     assert not small.fused_applies()
+
+
+def test_the_fused_hash_budget_follows_the_machine_memory_above_its_floor(monkeypatch):
+    # 1/16 of physical memory at 12 bytes a hash; 2**24 where memory is small or unknown
+    gib = 1 << 30
+    pages = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 24 * gib // 4096}
+    monkeypatch.setattr(engine_module.os, "sysconf", lambda name: pages[name])
+    assert engine_module.fused_hash_budget() == 24 * gib // 16 // 12
+    pages["SC_PHYS_PAGES"] = 2 * gib // 4096
+    assert engine_module.fused_hash_budget() == 1 << 24
+
+    def unknown(name):
+        raise ValueError(name)
+
+    monkeypatch.setattr(engine_module.os, "sysconf", unknown)
+    assert engine_module.fused_hash_budget() == 1 << 24
 
 
 def test_observed_runs_take_the_per_step_path_with_the_same_results():
