@@ -36,12 +36,23 @@ def _batch(policy, keys, groups, contract=0):
 @pytest.mark.parametrize("contracts", [list(DEFAULT_CONTRACTS.values()), TIGHT],
                          ids=["default", "tight"])
 @pytest.mark.parametrize("flags", [{}, dict(segmentation=False), dict(responsibility=False),
-                                   dict(debt_gate=False, history_factor=0.05),
-                                   # a log that halves (its stride doubles) many times, and none
-                                   dict(max_debt_samples=5), dict(max_debt_samples=0)])
+                                   dict(debt_gate=False, history_factor=0.05)])
 @pytest.mark.parametrize("capacity,num_groups,scan", [(20, 3, False), (200, 8, True),
                                                       (1000, 32, True)])
 def test_batch_replay_equals_one_call_at_a_time(capacity, num_groups, scan, flags, contracts):
+    _assert_batch_equals_generic(capacity, num_groups, scan, flags, contracts)
+
+
+@pytest.mark.parametrize("contracts", [list(DEFAULT_CONTRACTS.values()), TIGHT],
+                         ids=["default", "tight"])
+@pytest.mark.parametrize("max_debt_samples", [5, 0])
+def test_batch_replay_keeps_the_debt_log_of_one_call_at_a_time(max_debt_samples, contracts):
+    # a log that halves (its stride doubles) many times, and a log that keeps nothing
+    _assert_batch_equals_generic(200, 8, True, dict(max_debt_samples=max_debt_samples),
+                                 contracts)
+
+
+def _assert_batch_equals_generic(capacity, num_groups, scan, flags, contracts):
     keys = _stream(capacity, 6000, 5 * capacity, scan)
     groups = (keys * 7 + 3) % num_groups
     contract = len(contracts) - 1
