@@ -20,6 +20,7 @@ import pandas as pd
 
 from prefixshield import __version__
 from prefixshield.atomic import write_text, write_with
+from prefixshield.machine import physical_memory_bytes
 from prefixshield.experiments.overrides import parse_policy_spec
 from prefixshield.policies import make_policy
 from prefixshield.simulator.capacity import C_PREFILL_REQUESTS, measure_c_prefill
@@ -89,9 +90,8 @@ def check_memory(num_blocks: int, num_policies: int = 1) -> None:
     (``BYTES_PER_BLOCK x num_blocks``; one policy's state at a time) exceeds 80% of this
     machine's physical memory."""
     need = BYTES_PER_BLOCK * int(num_blocks)
-    try:
-        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
+    have = physical_memory_bytes()
+    if have is None:
         return
     if need > 0.8 * have:
         raise ValueError(f"{num_blocks:,} blocks need about {need / 2 ** 30:.1f} GiB "

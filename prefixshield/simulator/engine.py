@@ -39,7 +39,6 @@ kept as the executable spec the batched one is tested against:
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
@@ -48,6 +47,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from prefixshield.machine import physical_memory_bytes
 from prefixshield.policies.base import POLICIES, Policy
 from prefixshield.simulator import batch as bk
 from prefixshield.simulator import fused as fz
@@ -78,9 +78,8 @@ def fused_hash_budget(memory_share: int = 16) -> int:
     ~15x slower a request past ~1.6M requests). The share is per process: sweep workers on one
     machine each may take it, only for traces that large."""
     floor = 1 << 24
-    try:
-        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # no sysconf names on this platform
+    phys = physical_memory_bytes()
+    if phys is None:
         return floor
     return max(floor, phys // memory_share // FUSED_BYTES_PER_HASH)
 

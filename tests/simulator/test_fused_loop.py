@@ -9,6 +9,8 @@ snapshots included), creation log, step and event counts, and the pool and free 
 leave behind.
 """
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
@@ -285,7 +287,7 @@ def test_the_fused_hash_budget_follows_the_machine_memory_above_its_floor(monkey
     # 1/16 of physical memory at 12 bytes a hash; 2**24 where memory is small or unknown
     gib = 1 << 30
     pages = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 24 * gib // 4096}
-    monkeypatch.setattr(engine_module.os, "sysconf", lambda name: pages[name])
+    monkeypatch.setattr(os, "sysconf", lambda name: pages[name])
     assert engine_module.fused_hash_budget() == 24 * gib // 16 // 12
     pages["SC_PHYS_PAGES"] = 2 * gib // 4096
     assert engine_module.fused_hash_budget() == 1 << 24
@@ -293,7 +295,7 @@ def test_the_fused_hash_budget_follows_the_machine_memory_above_its_floor(monkey
     def unknown(name):
         raise ValueError(name)
 
-    monkeypatch.setattr(engine_module.os, "sysconf", unknown)
+    monkeypatch.setattr(os, "sysconf", unknown)
     assert engine_module.fused_hash_budget() == 1 << 24
 
 
