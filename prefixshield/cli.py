@@ -213,6 +213,13 @@ def _engine_options(fn):
     return fn
 
 
+_C_PREFILL_BASIS = click.option(
+    "--c-prefill-basis", type=click.Choice(["reference", "capacity"]), default="reference",
+    show_default=True,
+    help="Where C_prefill is measured: on the reference pool of 512 blocks, once per profile "
+         "(the same arrival rates and attack at every --blocks), or on this run's own pool.")
+
+
 def _workload_options(fn):
     """``--alpha`` and ``--set``: how a generated workload is sized and parameterized."""
     fn = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -238,6 +245,7 @@ def _workload_options(fn):
               help="With --out: write comparison.png.")
 @click.option("--check-invariants", is_flag=True,
               help="Verify the block pool's invariants after every step (slow).")
+@_C_PREFILL_BASIS
 @click.option("--scale-to-engine", "scale_to_load", type=click.FloatRange(0, 10, min_open=True),
               default=None, metavar="LOAD",
               help="Trace files: rescale arrival times (one factor) so the trace's mean rate is "
@@ -246,7 +254,7 @@ def _workload_options(fn):
 @_user_errors
 def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
         max_num_batched_tokens, profile, seed, alpha, overrides, out_dir, plot, check_invariants,
-        scale_to_load):
+        c_prefill_basis, scale_to_load):
     """Simulate WORKLOAD under one or more policies and print a summary table.
 
     WORKLOAD is a generated workload name or a trace .parquet file (see `prefixshield trace`).
@@ -267,7 +275,7 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
                           check_invariants=check_invariants)
     spec = RunSpec(workload=workload, policies=_policy_names(policies), engine=engine,
                    profile=load_profile(profile), alpha=alpha, seed=seed, overrides=typed,
-                   scale_to_load=scale_to_load)
+                   scale_to_load=scale_to_load, c_prefill_basis=c_prefill_basis)
     trace, info = build_trace(spec)
     _print_header(workload, trace, spec, info)
     if "time_factor" in info:
@@ -313,11 +321,12 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
 @click.option("--seeds", type=int, default=10, show_default=True,
               help="Paired runs: seeds 0..N-1, every policy on the identical trace per seed.")
 @_workload_options
+@_C_PREFILL_BASIS
 @click.option("--out", "out_csv", type=click.Path(dir_okay=False), default=None,
               help="Write per-run rows and the paired table as CSV (OUT and OUT.paired.csv).")
 @_user_errors
 def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
-            max_num_batched_tokens, profile, seeds, alpha, overrides, out_csv):
+            max_num_batched_tokens, profile, seeds, alpha, overrides, c_prefill_basis, out_csv):
     """Paired comparison of policies on a generated WORKLOAD over several seeds.
 
     Prints the mean hit ratio and P95 TTFT of the judged requests per policy, and the paired
@@ -344,7 +353,8 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
                           max_num_batched_tokens=max_num_batched_tokens, vllm_compat=vllm_compat)
     names = _policy_names(policies)
     spec = RunSpec(workload=workload, policies=names, engine=engine,
-                   profile=load_profile(profile), alpha=alpha, overrides=typed)
+                   profile=load_profile(profile), alpha=alpha, overrides=typed,
+                   c_prefill_basis=c_prefill_basis)
     trace0, info0 = build_trace(spec)
     _print_header(workload, trace0, spec, info0)
     with Progress(console=console, transient=True) as progress:

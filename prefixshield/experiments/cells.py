@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from prefixshield.experiments.spec import (ENGINE_KEYS, Experiment, Point, jsonable,
+from prefixshield.experiments.spec import (ENGINE_KEYS, RUN_KEYS, Experiment, Point, jsonable,
                                            resolve_contracts, value_text)
 
 OCCUPANCY_SAMPLES = 200
@@ -105,11 +105,12 @@ def run_spec(workload: str, settings: Mapping[str, Any], seed: int, policy_specs
 
     engine_kw = {ENGINE_KEYS[k]: v for k, v in settings.items() if k in ENGINE_KEYS}
     overrides = {k: v for k, v in settings.items()
-                 if k not in ENGINE_KEYS and k not in ("alpha", "profile") and "." not in k}
+                 if k not in ENGINE_KEYS and k not in RUN_KEYS and "." not in k}
     return RunSpec(workload=workload, policies=policy_specs, engine=EngineConfig(**engine_kw),
                    profile=load_profile(settings.get("profile", "l4-qwen2.5-1.5b")),
                    alpha=float(settings.get("alpha", 0.6)), seed=seed, overrides=overrides,
-                   contracts=resolve_contracts(settings))
+                   contracts=resolve_contracts(settings),
+                   c_prefill_basis=settings.get("c_prefill_basis", "reference"))
 
 
 def trace_settings(settings: Mapping[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,17 @@ BENIGN = ("sharegpt", "bursty_sharegpt")
 GPU_PROFILES = ("l4-qwen2.5-1.5b", "a100-qwen2.5-1.5b", "a100-qwen2.5-7b", "h200-qwen2.5-7b")
 QUICK_SEEDS = 3
 QUICK_DURATION_S = 20.0
+READINGS = (
+    ("prefixshield", "as designed: per-request admission, root prefix, decode blocks charged"),
+    ("prefixshield:admission=call", "admission per scheduler call"),
+    ("prefixshield:prefix_source=declared", "logical prefix: the trace's declared prefix_id"),
+    ("prefixshield:prefix_source=tenant", "logical prefix: one per tenant"),
+    ("prefixshield:charge_decode=false", "decode blocks not charged"),
+)
+"""PrefixShield's readings of what its design leaves open: (policy spec, what it reads)."""
+READING_CASES = (("one_touch", "lru", (512, 4096)), ("low_and_slow", "lru", (512,)),
+                 ("sharegpt", "s3fifo", (512,)))
+"""The readings table's cases: (workload, the baseline PrefixShield is compared with, blocks)."""
 
 
 def reproduce_experiments(quick: bool = False, seeds: int | None = None,
@@ -49,8 +60,10 @@ def reproduce_experiments(quick: bool = False, seeds: int | None = None,
     for w in BENIGN:
         out.append(exp(f"benign-{w}", w, ALL, f"{w}: benign multi-tenant traffic"))
     out.append(exp("borrowing", "borrowing", ALL, "borrowing: an active and an idle tenant"))
-    out.append(exp("sweep-capacity", "one_touch", ALL, "one_touch: capacity sweep",
-                   grid=[("blocks", (512, 1024, 2048, 4096))]))
+    out.append(exp("sweep-capacity", "one_touch", ALL,
+                   "one_touch: capacity sweep (C_prefill of the reference pool at every size)",
+                   grid=[("blocks", (512, 1024, 2048, 4096))],
+                   base_extra={"c_prefill_basis": "reference"}))
     out.append(exp("sweep-pressure", "low_and_slow", ALL,
                    "low_and_slow: creation-pressure sweep (attacker creation / its refill)",
                    grid=[("pressure_ratio", (0.5, 1.0, 2.0, 4.0))]))
@@ -66,6 +79,11 @@ def reproduce_experiments(quick: bool = False, seeds: int | None = None,
                    ("lru", "prefixshield", "prefixshield:debt_gate=false"),
                    "delayed_replay: the debt gate on and off",
                    grid=[("wait_factor", (0.0, 0.5, 1.0))]))
+    for w, baseline, blocks in READING_CASES:
+        out.append(exp(f"readings-{w}", w, (baseline, *(spec for spec, _ in READINGS)),
+                       f"{w}: PrefixShield's readings against {baseline}",
+                       grid=[("blocks", blocks)] if len(blocks) > 1 else (),
+                       base_extra={} if len(blocks) > 1 else {"blocks": blocks[0]}))
     out.append(Experiment(name="overhead", workload="-", policies=ALL, seeds=(0,),
                           grid=(("blocks", (512, 4096)), ("groups", (8, 32))),
                           kind="overhead",
@@ -80,6 +98,7 @@ REPRODUCE_SECTIONS = {
     "sweeps": ["sweep-capacity", "sweep-pressure", "sweep-load", "sweep-profile"],
     "ablation-segmentation": [f"ablation-segmentation-{w}" for w in (*ATTACKS, "sharegpt")],
     "ablation-delayed-replay": ["ablation-delayed-replay"],
+    "readings": [f"readings-{w}" for w, _, _ in READING_CASES],
     "overhead": ["overhead"],
 }
 """Report sections and the experiments each draws on."""

@@ -33,6 +33,12 @@ from prefixshield.traces.schema import Trace
 from prefixshield.workloads import WORKLOADS, make_params, params_to_dict
 
 
+REFERENCE_BLOCKS = 512
+"""The reference configuration's pool (511 usable blocks), where ``C_prefill`` is measured."""
+C_PREFILL_BASES = ("reference", "capacity")
+"""Where ``C_prefill`` is measured (:attr:`RunSpec.c_prefill_basis`)."""
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """What to run.
@@ -52,6 +58,11 @@ class RunSpec:
             fraction of ``C_prefill`` measured on this profile and engine with 32 of the trace's
             own request shapes (:func:`prefixshield.traces.transform.scale_to_rate` says what
             that preserves and changes); None: the trace's own times.
+        c_prefill_basis: where a generated workload's ``C_prefill`` is measured:
+            ``"reference"`` (default) on the reference pool of :data:`REFERENCE_BLOCKS` blocks,
+            once per deployment profile, so that arrival rates and the attack are the same at
+            every capacity (a capacity sweep then varies the cache alone, as the reference
+            study's does); ``"capacity"`` on this run's own pool (rates grow with the cache).
     """
 
     workload: str
@@ -63,8 +74,12 @@ class RunSpec:
     overrides: dict[str, Any] = field(default_factory=dict)
     contracts: Mapping[str, Contract] | None = None
     scale_to_load: float | None = None
+    c_prefill_basis: str = "reference"
 
     def __post_init__(self) -> None:
+        if self.c_prefill_basis not in C_PREFILL_BASES:
+            raise ValueError(f"c_prefill_basis must be one of {', '.join(C_PREFILL_BASES)}, got "
+                             f"{self.c_prefill_basis!r}")
         for spec in self.policies:
             parse_policy_spec(spec)  # raises on an unknown name or parameter
         if not self.policies:
@@ -130,21 +145,39 @@ def resolve_params(spec: RunSpec) -> tuple[Any, dict]:
         info["c_prefill_probe"] = "not measured: base_rate given"
     else:
         prompt, output = p.probe_shapes(C_PREFILL_REQUESTS)
+        probe_engine, basis = _probe_engine(spec, int(np.max(prompt + output)))
         try:
-            c_prefill = measure_c_prefill(spec.profile.cost, spec.engine, prompt, output)
+            c_prefill = measure_c_prefill(spec.profile.cost, probe_engine, prompt, output)
         except EngineError as e:
             raise ValueError(f"cannot measure C_prefill for {spec.workload!r} on this engine "
                              f"({e}); give the rate with --set base_rate=R (requests/s) or "
                              f"shorter requests") from None
         p = replace(p, base_rate=spec.alpha * c_prefill)
         info["c_prefill_req_per_s"] = c_prefill
+        info["c_prefill_basis"] = basis
         info["c_prefill_probe"] = (f"LRU, {C_PREFILL_REQUESTS} distinct-prefix requests at "
-                                   f"t=0: {p.shape_summary()}; mean prompt "
+                                   f"t=0 on {basis}: {p.shape_summary()}; mean prompt "
                                    f"{prompt.mean():.0f}, mean output {output.mean():.0f} "
                                    f"tokens")
     info["base_rate_req_per_s"] = p.base_rate
     info["params"] = params_to_dict(p)
     return p, info
+
+
+def _probe_engine(spec: RunSpec, longest_tokens: int) -> tuple[EngineConfig, str]:
+    """The engine the ``C_prefill`` probe runs on, and the basis in words for the header.
+
+    The reference basis is this run's engine with the reference pool of
+    :data:`REFERENCE_BLOCKS` blocks, unless one probe request (``longest_tokens``, prompt and
+    output) cannot fit it: then the run's own pool, said so."""
+    if spec.c_prefill_basis == "capacity" or spec.engine.num_blocks == REFERENCE_BLOCKS:
+        where = "this run's pool" if spec.c_prefill_basis == "capacity" else "the reference pool"
+        return spec.engine, f"{where} of {spec.engine.num_blocks:,} blocks"
+    if -(-longest_tokens // spec.engine.block_size) > REFERENCE_BLOCKS - 1:
+        return spec.engine, (f"this run's pool of {spec.engine.num_blocks:,} blocks (a probe "
+                             f"request does not fit the reference pool of {REFERENCE_BLOCKS})")
+    return (replace(spec.engine, num_blocks=REFERENCE_BLOCKS),
+            f"the reference pool of {REFERENCE_BLOCKS} blocks (the same rates at every capacity)")
 
 
 def build_trace(spec: RunSpec) -> tuple[Trace, dict]:
@@ -246,6 +279,7 @@ def config_record(spec: RunSpec, trace_info: dict) -> dict:
         "policies": list(spec.policies),
         "seed": spec.seed,
         "alpha": spec.alpha,
+        "c_prefill_basis": spec.c_prefill_basis,
         "engine": spec.engine.to_dict(),
         "profile": {"name": spec.profile.name, "source": spec.profile.source,
                     "cost": dataclasses.asdict(spec.profile.cost),

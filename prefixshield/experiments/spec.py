@@ -11,6 +11,9 @@ key                                what it sets
 ``max_num_batched_tokens``
 ``reserve_full_prompt``
 ``alpha`` ``profile``              nominal load; cost-model profile (shipped name or TOML path)
+``c_prefill_basis``                ``reference`` (C_prefill measured once on the reference
+                                   pool of 512 blocks: the same rates at every capacity) or
+                                   ``capacity`` (measured at each point's own pool)
 any workload parameter             e.g. ``pressure_ratio``, ``duration_s``, ``attack``,
                                    ``output_tokens`` (the fields ``--set`` takes)
 ``POLICY.PARAM``                   a constructor argument of every policy named POLICY,
@@ -47,7 +50,7 @@ ENGINE_KEYS = {"blocks": "num_blocks", "num_blocks": "num_blocks", "block_size":
                "reserve_full_prompt": "reserve_full_prompt"}
 """Field key -> :class:`~prefixshield.simulator.config.EngineConfig` attribute."""
 
-RUN_KEYS = ("alpha", "profile")
+RUN_KEYS = ("alpha", "profile", "c_prefill_basis")
 WORKLOAD_OWNED = ("seed", "alpha", "block_size", "num_blocks", "contracts")
 """Workload params set from elsewhere (the seed list, ``alpha``, the engine, ``contract.*``)."""
 
@@ -248,6 +251,13 @@ def type_field(workload: str, key: str, text: str, where: str = "") -> Any:
             if not (math.isfinite(value) and value > 0):
                 raise SpecError(f"{prefix}alpha: must be a finite number > 0, got {text!r}")
             return value
+        if key == "c_prefill_basis":
+            from prefixshield.experiments.single import C_PREFILL_BASES
+
+            if text not in C_PREFILL_BASES:
+                raise SpecError(f"{prefix}c_prefill_basis: must be one of "
+                                f"{', '.join(C_PREFILL_BASES)}, got {text!r}")
+            return text
         if key == "profile":
             from prefixshield.simulator.costmodel import load_profile
 

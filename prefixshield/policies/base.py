@@ -34,7 +34,8 @@ class Policy(ABC):
     * :meth:`select_victims` when a request needs ``n`` new blocks; the returned blocks leave the
       policy's free set and the pool drops the hash of each cached one (an eviction);
     * :meth:`on_materialize` when a request caches newly computed full blocks;
-    * :meth:`on_hit` when a request reuses cached blocks (in use or free).
+    * :meth:`on_hit` when a request reuses cached blocks (in use or free);
+    * :meth:`on_request_finished` when a request has ended.
 
     Invariant kept by every policy: the set of blocks it holds as free is exactly the set of
     non-null blocks with ref_cnt 0, and :meth:`num_free` is its size.
@@ -74,14 +75,26 @@ class Policy(ABC):
         The caller guarantees ``n <= available(requester)``."""
 
     def on_materialize(self, blocks: np.ndarray, hashes: np.ndarray, group: int, contract: int,
-                       prefix_id: int, now: float) -> None:
+                       prefix_id: int, now: float, *, request_id: int = -1, root=None,
+                       num_decode: int = 0) -> None:
         """``blocks`` are newly computed full blocks of one request of ``group``, now cached under
         content keys ``hashes`` (uint64; the same content always has the same key, so a policy
-        with a ghost history can recognise returning content in a different block)."""
+        with a ghost history can recognise returning content in a different block).
+
+        Keyword arguments (a request is usually materialized over several calls: prefill chunks,
+        decode blocks as they fill): ``request_id`` names the request (ints, unique among
+        running requests; -1: unknown, the call stands alone), ``root`` is the content key
+        (uint64) of the request's first full block (None: unknown), ``num_decode`` says how
+        many of the last ``blocks`` hold output tokens (decode blocks)."""
 
     def on_hit(self, blocks: np.ndarray, group: int, contract: int, prefix_id: int,
-               now: float) -> None:
-        """``blocks`` are cached blocks reused by a request of ``group`` (before on_acquire)."""
+               now: float, *, root=None) -> None:
+        """``blocks`` are cached blocks reused by a request of ``group`` (before on_acquire);
+        ``root`` as in :meth:`on_materialize`."""
+
+    def on_request_finished(self, request_id: int) -> None:
+        """Request ``request_id`` (as passed to :meth:`on_materialize`) ended; it will not
+        materialize again (a preempted request has not ended)."""
 
     @abstractmethod
     def num_free(self) -> int:

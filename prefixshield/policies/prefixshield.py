@@ -1,9 +1,9 @@
 """PrefixShield: meter who *creates* KV state and make that group bear reclamation (DESIGN §5.4).
 
 Per (group, contract) a token bucket ``(B, t0)``, initialised full (``B = beta_c``), refilled lazily
-on the accounting clock: ``B̂(t) = min(beta_c, B + rho_c·(t − t0))``. Every :meth:`on_materialize`
-call is one request's ``n_r`` new full blocks and charges ``B ← B̂(t) − n_r; t0 ← t`` (hits never
-charge; the balance may go arbitrarily negative; eviction never repays). From the buckets:
+on the accounting clock: ``B̂(t) = min(beta_c, B + rho_c·(t − t0))``. A request that materializes
+``n_r`` new full blocks is charged ``B ← B̂(t) − n_r; t0 ← t`` (hits never charge; the balance
+may go arbitrarily negative; eviction never repays). From the buckets:
 
 * raw debt ``D_g(t) = Σ_c max(0, −B̂_{g,c}(t))`` (blocks; summed over contracts, so relabelling
   the contract cannot launder debt);
@@ -11,8 +11,10 @@ charge; the balance may go arbitrarily negative; eviction never repays). From th
   ``W_g(t)`` = max ``w_c`` over the contracts with ``B̂_{g,c}(t) < 0``.
 
 Each cached block carries a retention class ``PROBATIONARY < NORMAL < REUSE`` (eviction order).
-New blocks are PROBATIONARY if the charge left ``B_{g,c} < −ε`` or this is the first admission of
-``(g, prefix_id)``, NORMAL otherwise. A hit whose request (group, contract, prefix_id) equals the
+An *admission* of ``(g, prefix)`` is a request of g that materializes at least one block; its
+new blocks are PROBATIONARY if its charge left ``B_{g,c} < −ε`` or it is the first admission of
+``(g, prefix)``, NORMAL otherwise (decided once per request; the logical prefix is an input,
+see ``prefix_source`` below). A hit whose request (group, contract, prefix_id) equals the
 block's (owner, contract, prefix_id) promotes it to REUSE only if ``D_g(t) ≤ ε`` (the debt gate,
 invariant I2); otherwise a *gated promotion* is counted.
 
@@ -34,9 +36,33 @@ per-call path in tests/policies/test_prefixshield_replay.py).
 
 Interpretations of the spec, stated once here:
 
-* each ``on_materialize`` call is one admission and one charge. The pool calls it once per
-  scheduler step of a request (prefill chunks, filled decode blocks) and passes no request id, so
-  a request's later chunks find ``(g, prefix_id)`` already admitted and start NORMAL if funded;
+* admission is per *request* (``admission="request"``, the default): the pool names the request
+  a materialization belongs to (``request_id``), and the request's first call that materializes
+  a block is its admission: the first-admission test, the history refresh and the initial class
+  are decided there, once; every block the request materializes later (further prefill chunks,
+  decode blocks, blocks recomputed after a preemption) takes that class, whatever the bucket
+  says by then. The charge is metered as the blocks materialize (a chunked prompt is charged
+  chunk by chunk, each charge ``B ← B̂(t) − n``; the request's charges add up to ``n_r``), so a
+  block is charged exactly once, when it is created, and the debt a later hit meets is the debt
+  of the blocks created so far. The pool forgets the request at its end
+  (:meth:`on_request_finished`). ``admission="call"`` is the other reading: every call is an
+  admission (a request's later chunks and decode blocks then find ``(g, prefix_id)`` admitted
+  and start NORMAL if funded). A call without a request id is its own request;
+* decode blocks are charged (``charge_decode=True``): the design charges "every newly
+  materialized full block ... exactly once" (I1), and a decode block that fills is cached and
+  owned like a prompt block. ``charge_decode=False`` is the other reading ("a block computed
+  because lookup missed it": prompt blocks only); the blocks are still labelled, and I1 then
+  reads ``charged + uncharged decode blocks == materialized``;
+* the *logical prefix* is a policy input, ``prefix_source``: ``"root"`` (default) is the
+  request's root, the content key of its first full block (the chained hash, so it names the
+  group and the whole first block; a server computes it without the client's help, and live
+  mode takes the same key from vLLM's block hashes); ``"declared"`` is the trace's
+  ``prefix_id`` (an id the client declares: a system prompt, a conversation); ``"tenant"``
+  makes every request of a group the same prefix. A caller that passes no root (the pure cache
+  driver's per-key calls, direct calls) gets the declared id under ``"root"``;
+* hits are evaluated where the pool reports them, before the request's own new blocks are
+  cached (vLLM's ``allocate_slots`` touches the hits, then caches the new blocks): the gate
+  reads the debt metered so far;
 * the admission history is one LRU set of ``(group, prefix_id)`` pairs over all groups, holding
   at most ``max(1, int(history_factor × num_blocks))`` entries; an admission refreshes its entry,
   hits do not;
@@ -151,6 +177,18 @@ class DebtLog:
         return self.classes[:self.size].copy()
 
 
+ADMISSION_MODES = ("request", "call")
+"""Readings of "an admission": once per request (default) or once per materialization call."""
+PREFIX_SOURCES = {"root": K.PREFIX_ROOT, "declared": K.PREFIX_DECLARED, "tenant": K.PREFIX_TENANT}
+"""Where the logical prefix comes from (``prefix_source``) -> the kernels' code."""
+
+
+def signed_key(root) -> int:
+    """A uint64 content key as the int64 with the same bits (the kernels' ``prefix`` field)."""
+    root = int(root)
+    return root - (1 << 64) if root >= (1 << 63) else root
+
+
 MAX_HISTORY_FACTOR = 64.0
 """Largest admission-history size in entries per configured block (the history is per-block
 state; beyond this it is a memory mistake, not a setting)."""
@@ -174,6 +212,11 @@ class PrefixShieldPolicy(Policy):
         rho_scale: multiplies every bound contract's refill rate ``rho`` (the policy's view of
             the entitlement; bursts, the trace and the engine's creation meter are unchanged).
             1.0: the contracts as stated. For sweeps of "how generous is the refill".
+        admission: ``"request"`` (a request is admitted once, at its first materialization) or
+            ``"call"`` (every materialization call is an admission); see the module docstring.
+        charge_decode: charge decode blocks (True) or only prompt blocks (False).
+        prefix_source: the logical prefix: ``"root"`` (the request's first full block),
+            ``"declared"`` (the trace's ``prefix_id``) or ``"tenant"`` (one per group).
     """
 
     name = "prefixshield"
@@ -181,8 +224,21 @@ class PrefixShieldPolicy(Policy):
     def __init__(self, num_blocks: int, vllm_compat: str = "current", *,
                  segmentation: bool = True, debt_gate: bool = True, responsibility: bool = True,
                  epsilon: float = 1e-9, history_factor: float = 4.0,
-                 max_debt_samples: int = 16384, rho_scale: float = 1.0) -> None:
+                 max_debt_samples: int = 16384, rho_scale: float = 1.0,
+                 admission: str = "request", charge_decode: bool = True,
+                 prefix_source: str = "root") -> None:
         super().__init__(num_blocks, vllm_compat)
+        if admission not in ADMISSION_MODES:
+            raise ValueError(f"admission must be one of {ADMISSION_MODES}, got {admission!r}")
+        if prefix_source not in PREFIX_SOURCES:
+            raise ValueError(f"prefix_source must be one of {tuple(PREFIX_SOURCES)}, got "
+                             f"{prefix_source!r}")
+        self.admission = admission
+        self.charge_decode = bool(charge_decode)
+        self.prefix_source = prefix_source
+        self._source = PREFIX_SOURCES[prefix_source]
+        self._requests: dict[int, int] = {}
+        """Admitted requests still running: request id -> the class of its blocks."""
         if not (math.isfinite(rho_scale) and rho_scale > 0):
             raise ValueError(f"rho_scale must be a finite number > 0, got {rho_scale}")
         if not epsilon >= 0:
@@ -224,6 +280,9 @@ class PrefixShieldPolicy(Policy):
         ctl[K.C_DEBT_GATE] = self.debt_gate
         ctl[K.C_RESPONSIBILITY] = self.responsibility
         ctl[K.C_TF_TO_HEAD] = self.vllm_compat == "current"
+        ctl[K.C_PER_CALL] = self.admission == "call"
+        ctl[K.C_CHARGE_DECODE] = self.charge_decode
+        ctl[K.C_PREFIX_SOURCE] = self._source
         a["fctl"][K.F_EPSILON] = self.epsilon
         a["fctl"][K.F_PRUNE_CLOCK] = -np.inf
         a["fctl"][K.F_CLOCK] = old.arrays["fctl"][K.F_CLOCK] if old is not None else 0.0
@@ -268,7 +327,7 @@ class PrefixShieldPolicy(Policy):
               ("t0", "t0"), ("charged", "charged"), ("materialized", "materialized"),
               ("cls_count", "class_count"), ("granted", "granted"), ("gated", "gated"),
               ("in_debt", "in_debt"), ("evictions", "evictions"),
-              ("evicted_class", "evicted_class"), ("P", "_P"), ("ub", "_ub"), ("heap", "_heap"),
+              ("evicted_class", "evicted_class"), ("uncharged", "uncharged"), ("P", "_P"), ("ub", "_ub"), ("heap", "_heap"),
               ("glen", "_glen"), ("gnxt", "_gnxt"), ("gmember", "_gmember"), ("qnxt", "_qnxt"),
               ("qlen", "_qlen"), ("ctl", "_ctl"), ("fctl", "_fctl"))
     """(field, attribute): the numpy views of the packed state the Python side reads."""
@@ -315,6 +374,7 @@ class PrefixShieldPolicy(Policy):
         if len(contracts) == 0:
             raise ValueError("prefixshield needs at least one contract")
         super().bind_tenants(groups, contracts)
+        self._requests.clear()
         self._build(len(self.groups), self.contracts)
         self._bound = True
 
@@ -340,31 +400,54 @@ class PrefixShieldPolicy(Policy):
         return now
 
     # ------------------------------------------------------------------ Policy interface
+    def prefix_key(self, prefix_id: int, root=None) -> int:
+        """The logical prefix this policy uses for a request with declared ``prefix_id`` and
+        root content key ``root`` (uint64, None: not known): see ``prefix_source``."""
+        if self._source == K.PREFIX_ROOT:
+            return int(prefix_id) if root is None else signed_key(root)
+        if self._source == K.PREFIX_DECLARED:
+            return int(prefix_id)
+        return 0
+
     def on_materialize(self, blocks: np.ndarray, hashes: np.ndarray, group: int, contract: int,
-                       prefix_id: int, now: float) -> None:
-        """Charge ``len(blocks)`` new full blocks to bucket (group, contract) at ``now`` seconds
-        and give the blocks owner, contract, prefix_id and initial class (one kernel call)."""
+                       prefix_id: int, now: float, *, request_id: int = -1, root=None,
+                       num_decode: int = 0) -> None:
+        """Meter ``len(blocks)`` new full blocks of request ``request_id`` (the last
+        ``num_decode`` of them decode blocks) to bucket (group, contract) at ``now`` seconds and
+        give the blocks owner, contract, logical prefix and class (one kernel call). The
+        request's first such call is its admission (module docstring); ``request_id < 0``: the
+        call is a request of its own."""
         self._check(group, contract)
         now = self._tick(now)
         if len(blocks) == 0:
             return
         blocks = np.asarray(blocks, dtype=np.int32)
-        d, bad = K.materialize(self._state, blocks, group, contract, int(prefix_id), now)
+        known = request_id >= 0 and self.admission == "request"
+        k_req = self._requests.get(request_id, K.NO_CLASS) if known else K.NO_CLASS
+        d, bad, k = K.materialize(self._state, blocks, group, contract,
+                                  self.prefix_key(prefix_id, root), now, k_req, int(num_decode))
         if bad >= 0:
             raise ValueError(f"on_materialize: block {int(blocks[bad])} is free or not a block id "
                              f"(materialized blocks must be in use); nothing was charged")
+        if known and k_req == K.NO_CLASS:
+            self._requests[request_id] = int(k)
         self.debt_log.append(now, group, d, self.class_count)
 
+    def on_request_finished(self, request_id: int) -> None:
+        """Request ``request_id`` ended: forget its admission."""
+        self._requests.pop(request_id, None)
+
     def on_hit(self, blocks: np.ndarray, group: int, contract: int, prefix_id: int,
-               now: float) -> None:
-        """Record reuse evidence for ``blocks`` and promote eligible ones if ``D_g(now) ≤ ε``
-        (one kernel call; nothing is charged)."""
+               now: float, *, root=None) -> None:
+        """Record reuse evidence for ``blocks`` and promote eligible ones (the request's
+        logical prefix is the blocks' one) if ``D_g(now) ≤ ε`` (one kernel call; nothing is
+        charged)."""
         self._check(group, contract)
         now = self._tick(now)
         if len(blocks) == 0:
             return
-        K.hit(self._state, np.asarray(blocks, dtype=np.int32), group, contract, int(prefix_id),
-              now)
+        K.hit(self._state, np.asarray(blocks, dtype=np.int32), group, contract,
+              self.prefix_key(prefix_id, root), now)
 
     def on_release(self, blocks: np.ndarray, cached: np.ndarray, now: float) -> None:
         """``blocks`` became free in vLLM's free order; cached ones become candidates at the
@@ -552,7 +635,9 @@ class PrefixShieldPolicy(Policy):
             "flags": {"segmentation": self.segmentation, "debt_gate": self.debt_gate,
                       "responsibility": self.responsibility, "epsilon": self.epsilon,
                       "history_factor": self.history_factor, "rho_scale": self.rho_scale,
-                      "history_capacity": self.history_capacity},
+                      "history_capacity": self.history_capacity,
+                      "admission": self.admission, "charge_decode": self.charge_decode,
+                      "prefix_source": self.prefix_source},
             "groups": names,
             "clock_s": self._now,
             "cached_blocks": {names[g]: dict(zip(CLASS_NAMES, map(int, self.class_count[g])))
@@ -578,12 +663,14 @@ class PrefixShieldPolicy(Policy):
             "contracts": [c.name for c in self.contracts],
             "charged_blocks": {names[g]: [int(x) for x in self.charged[g]] for g in range(G)},
             "materialized_blocks": {names[g]: int(self.materialized[g]) for g in range(G)},
+            "uncharged_decode_blocks": {names[g]: int(self.uncharged[g]) for g in range(G)},
         }
 
     def check_invariants(self) -> None:
         """Raise ``AssertionError`` naming the first broken invariant.
 
-        I1: per group, blocks charged (all contracts) == blocks materialized. I2 (with the gate
+        I1: per group, blocks charged (all contracts) plus decode blocks left uncharged
+        (``charge_decode=False``) == blocks materialized. I2 (with the gate
         on): no promotion happened while ``D_g > ε``. Free set: the truly free list holds
         uncached blocks only; each class list holds cached blocks of that class in strictly
         increasing native order; every owned candidate is in exactly its (owner, class) list;
@@ -592,10 +679,11 @@ class PrefixShieldPolicy(Policy):
         G = len(self.groups)
         N = self.num_blocks
         charged = self.charged.sum(axis=1)
-        bad = np.flatnonzero(charged != self.materialized)
+        bad = np.flatnonzero(charged + self.uncharged != self.materialized)
         if bad.size:
             g = int(bad[0])
             raise AssertionError(f"I1: group {self.groups[g]!r} charged {int(charged[g])} blocks "
+                                 f"(and left {int(self.uncharged[g])} decode blocks uncharged) "
                                  f"but materialized {int(self.materialized[g])}")
         if self.debt_gate and self.in_debt.any():
             g = int(np.flatnonzero(self.in_debt)[0])

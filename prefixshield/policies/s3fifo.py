@@ -198,7 +198,8 @@ class S3FIFOPolicy(Policy):
         return out
 
     def on_materialize(self, blocks: np.ndarray, hashes: np.ndarray, group: int, contract: int,
-                       prefix_id: int, now: float) -> None:
+                       prefix_id: int, now: float, *, request_id: int = -1, root=None,
+                       num_decode: int = 0) -> None:
         """Insert newly cached ``blocks`` under content keys ``hashes`` (see module docstring)."""
         q = self._lists
         bad = k.on_materialize(np.asarray(blocks, dtype=np.int32),
@@ -211,7 +212,7 @@ class S3FIFOPolicy(Policy):
                              f"taken with select_victims): {blocks}")
 
     def on_hit(self, blocks: np.ndarray, group: int, contract: int, prefix_id: int,
-               now: float) -> None:
+               now: float, *, root=None) -> None:
         """Count one access of each hit block (freq += 1, capped)."""
         k.on_hit(np.asarray(blocks, dtype=np.int32), self._lists.member, self._freq,
                  self.freq_cap)

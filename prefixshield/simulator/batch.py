@@ -34,7 +34,10 @@ NUM_BLOCKS = 4
 """Entries of the request's block table (``Sequence.num_blocks``)."""
 NUM_CACHED = 5
 """Leading blocks of the table that carry the request's hashes (``Sequence.num_cached_blocks``)."""
-NUM_FIELDS = 6
+ADMISSION = 6
+"""PrefixShield's class of the request's blocks once admitted, -1 before (the fused loop keeps
+it here; the policy keeps it per request id on the step-by-step path)."""
+NUM_FIELDS = 7
 
 
 @njit(cache=True)

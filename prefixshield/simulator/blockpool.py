@@ -242,11 +242,12 @@ class BlockPool:
         return self._scratch[:n].copy()
 
     def touch(self, blocks: np.ndarray, group: int, contract: int, prefix_id: int,
-              now: float) -> None:
-        """Reuse cached ``blocks`` for a request: ref_cnt += 1; ref_cnt-0 ones leave the free set."""
+              now: float, root=None) -> None:
+        """Reuse cached ``blocks`` for a request (``root``: the content key of its first full
+        block): ref_cnt += 1; ref_cnt-0 ones leave the free set."""
         if blocks.shape[0] == 0:
             return
-        self.policy.on_hit(blocks, group, contract, prefix_id, now)
+        self.policy.on_hit(blocks, group, contract, prefix_id, now, root=root)
         n = _touch(self.ref_cnt, blocks, self._scratch2)
         if n:
             self.policy.on_acquire(self._scratch2[:n].copy())
@@ -271,14 +272,22 @@ class BlockPool:
         return victims
 
     def cache_full_blocks(self, blocks: np.ndarray, hashes: np.ndarray, group: int, contract: int,
-                          prefix_id: int, now: float) -> None:
-        """Give newly computed full ``blocks`` their ``hashes`` so later requests can hit them."""
+                          prefix_id: int, now: float, request_id: int = -1, root=None,
+                          num_decode: int = 0) -> None:
+        """Give newly computed full ``blocks`` of request ``request_id`` their ``hashes`` so
+        later requests can hit them (``root``, ``num_decode``: see
+        :meth:`~prefixshield.policies.base.Policy.on_materialize`)."""
         if blocks.shape[0] == 0:
             return
         _cache(blocks, hashes, self.block_hash, self._map_keys, self._map_vals, self._map_size,
                self.hash_next)
         self.creations.append(now, group, contract, blocks.shape[0])
-        self.policy.on_materialize(blocks, hashes, group, contract, prefix_id, now)
+        self.policy.on_materialize(blocks, hashes, group, contract, prefix_id, now,
+                                   request_id=request_id, root=root, num_decode=num_decode)
+
+    def request_finished(self, request_id: int) -> None:
+        """Request ``request_id`` ended (the policy forgets it)."""
+        self.policy.on_request_finished(request_id)
 
     def free_blocks(self, ordered_blocks: np.ndarray, now: float) -> None:
         """Drop one reference from each block; blocks reaching 0 go to the policy in this order."""

@@ -239,6 +239,7 @@ class Engine:
         self._state = np.zeros((n, bk.NUM_FIELDS), dtype=np.int64)
         self._state[:, bk.PROMPT] = self.prompt_tokens
         self._state[:, bk.OUTPUT_TOTAL] = self.output_tokens
+        self._state[:, bk.ADMISSION] = -1
         cap = min(config.max_num_seqs, n) + 1
         self._run_ids = np.zeros(cap, dtype=np.int64)
         self._num_new = np.zeros(cap, dtype=np.int64)
@@ -432,7 +433,7 @@ class Engine:
                 self._emit_token(seq, now, finished)
         for seq in finished:
             self.running.remove(seq)
-            self.kv.free(seq, now)
+            self.kv.free(seq, now, finished=True)
         self._record_occupancy(now)
         if cfg.check_invariants:
             self.pool.check_invariants()
@@ -618,7 +619,7 @@ class Engine:
                 seq = running[i]
                 self._sync_sequence(seq)
                 self.num_new_blocks[seq.request_id] = seq.num_materialized_blocks
-                kv.free(seq, now)
+                kv.free(seq, now, finished=True)
             for i in reversed(positions):
                 del running[i]
             bk.remove_positions(run_ids, len(running) + num_finished, self._finished,

@@ -243,13 +243,22 @@ def _ps_select(ps, n, now, requester, out):
 
 
 @njit(cache=True, _nrt=False)
-def _ps_materialize(ps, blocks, g, c, pid, now, log_t, log_g, log_d, log_cls, log_meta,
-                    max_samples):
-    """``on_materialize``, its debt-log sample included."""
+def _ps_materialize(ps, blocks, g, c, pid, now, k_req, num_decode, log_t, log_g, log_d, log_cls,
+                    log_meta, max_samples):
+    """``on_materialize`` of a request whose class is ``k_req`` (``psk.NO_CLASS`` before its
+    admission), its debt-log sample included; returns the class of the blocks."""
     s = psk.state(ps)
     _tick(s, now)
-    psk._materialize(s, blocks, g, c, pid, now)
+    k = psk._materialize(s, blocks, g, c, pid, now, k_req, num_decode)[1]
     psk._debt_log_append(log_t, log_g, log_d, log_cls, log_meta, max_samples, now, g, s)
+    return k
+
+
+@njit(cache=True, inline="always")
+def _ps_prefix(ps, declared, hashes, h0):
+    """The request's logical prefix under the policy's ``prefix_source`` (its root: the key of
+    its first full block, ``hashes[h0]``, with the bits of an int64)."""
+    return psk.prefix_key(psk.state(ps).ctl[psk.C_PREFIX_SOURCE], declared, np.int64(hashes[h0]))
 
 
 @njit(cache=True, _nrt=False)
@@ -344,7 +353,8 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, state, materialized
         # that were free (LRU and StaticQuota unlink them from their lists; S3-FIFO pins them
         # where they are)
         if kind == POLICY_PREFIXSHIELD:
-            _ps_hit(ps, hits[:num_hit], g, c, prefix_id[r], now)
+            _ps_hit(ps, hits[:num_hit], g, c, _ps_prefix(ps, prefix_id[r], hashes, hash_off[r]),
+                    now)
         elif kind == POLICY_S3FIFO:
             s3k.on_hit(hits[:num_hit], member, s3_freq, s3_params[s3k.P_FREQ_CAP])
         nf = _touch(ref_cnt, hits[:num_hit], was_free)
@@ -401,8 +411,12 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, state, materialized
         cre_b[cn] = num_full - lo
         ctl[NUM_CRE] = cn + 1
         if kind == POLICY_PREFIXSHIELD:
-            _ps_materialize(ps, table[off + lo:off + num_full], g, c, prefix_id[r], now, log_t,
-                            log_g, log_d, log_cls, log_meta, ctl[MAX_SAMPLES])
+            # blocks from the one holding the prompt's end on fill during decode
+            num_decode = max(num_full - max(lo, state[r, bk.PROMPT] // B), 0)
+            state[r, bk.ADMISSION] = _ps_materialize(
+                ps, table[off + lo:off + num_full], g, c,
+                _ps_prefix(ps, prefix_id[r], hashes, h0), now, state[r, bk.ADMISSION],
+                num_decode, log_t, log_g, log_d, log_cls, log_meta, ctl[MAX_SAMPLES])
         elif kind == POLICY_S3FIFO:
             s3k.on_materialize(table[off + lo:off + num_full], hashes[h0 + lo:h0 + num_full],
                                prev, nxt, member, length, ctl[POOL_BLOCKS], s3_freq, s3_in_use,

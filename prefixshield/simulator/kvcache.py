@@ -129,7 +129,8 @@ class KVCacheManager:
         if need and need > pool.num_free_blocks(seq.group):
             return False
         if num_hit:
-            pool.touch(new_computed_blocks, seq.group, seq.contract, seq.prefix_id, now)
+            pool.touch(new_computed_blocks, seq.group, seq.contract, seq.prefix_id, now,
+                       seq.block_hashes[0])
             seq.blocks[seq.num_blocks:seq.num_blocks + num_hit] = new_computed_blocks
             seq.num_blocks += num_hit
             seq.num_computed_tokens = num_computed
@@ -148,16 +149,22 @@ class KVCacheManager:
         num_full = min(num_computed + num_new_tokens, seq.num_tokens) // self.block_size
         if num_full > seq.num_cached_blocks:
             lo = seq.num_cached_blocks
+            # blocks from the one holding the prompt's end on fill during decode
+            num_decode = num_full - max(lo, seq.num_prompt_tokens // self.block_size)
             pool.cache_full_blocks(seq.blocks[lo:num_full], seq.block_hashes[lo:num_full],
-                                   seq.group, seq.contract, seq.prefix_id, now)
+                                   seq.group, seq.contract, seq.prefix_id, now,
+                                   seq.request_id, seq.block_hashes[0], max(num_decode, 0))
             seq.num_materialized_blocks += num_full - lo
             seq.num_cached_blocks = num_full
         return True
 
-    def free(self, seq: Sequence, now: float) -> None:
-        """Release ``seq``'s blocks, tail first (vLLM frees in reverse so tails are evicted first)."""
+    def free(self, seq: Sequence, now: float, finished: bool = False) -> None:
+        """Release ``seq``'s blocks, tail first (vLLM frees in reverse so tails are evicted
+        first); ``finished``: the request ended (else it was preempted and comes back)."""
         if seq.num_blocks:
             self.pool.free_blocks(seq.blocks[seq.num_blocks - 1::-1].copy(), now)
+        if finished:
+            self.pool.request_finished(seq.request_id)
         seq.num_blocks = 0
         seq.num_cached_blocks = 0
         seq.num_computed_tokens = 0

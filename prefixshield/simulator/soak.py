@@ -107,7 +107,7 @@ def soak(policy_name: str, compat: str, num_ops: int, seed: int = 0, num_blocks:
                     seq.num_output_done += 1  # the token of this step
                 stats.steps += 1
                 if seq.num_output_done >= seq.num_output_tokens:
-                    kv.free(seq, now)
+                    kv.free(seq, now, finished=True)
                     running.remove(seq)
                     stats.finishes += 1
             else:
@@ -118,8 +118,9 @@ def soak(policy_name: str, compat: str, num_ops: int, seed: int = 0, num_blocks:
                 stats.preemptions += 1
         elif r < 0.88 and running:
             victim = running.pop(int(rng.integers(len(running))))
-            kv.free(victim, now)
-            if rng.random() < 0.5:
+            preempted = rng.random() < 0.5
+            kv.free(victim, now, finished=not preempted)
+            if preempted:
                 waiting.append(victim)  # preempted: recomputed later
                 stats.preemptions += 1
             else:

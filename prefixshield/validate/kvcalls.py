@@ -52,9 +52,13 @@ class ManagerCalls(ABC):
         """Release the request's blocks (finished, or preempted: it may be re-admitted)."""
         from vllm.v1.request import RequestStatus
 
+        # as vLLM's scheduler: a finished request is marked before its blocks are freed, a
+        # preempted one is freed while still RUNNING
+        if not preempted:
+            req.status = RequestStatus.FINISHED_STOPPED
         self.mgr.free(req)
-        req.status = RequestStatus.PREEMPTED if preempted else RequestStatus.FINISHED_STOPPED
         if preempted:
+            req.status = RequestStatus.PREEMPTED
             req.num_computed_tokens = 0
 
     def block_ids(self, req) -> list[int]:

@@ -46,8 +46,13 @@ structure — it holds exactly the ref_cnt-0 non-null blocks, so ``get_num_free_
   ``policy.on_acquire(the hits that had ref_cnt 0)`` — the simulator's order;
 * ``cache_full_blocks`` (it receives the request): after vLLM inserts the hashes,
   ``policy.on_materialize(new full blocks, their hashes as uint64 keys, group, contract,
-  prefix_id, now)``; the key is the first 8 bytes (little-endian) of vLLM's block hash, so the
-  same content always has the same key;
+  prefix_id, now, request_id=, root=, num_decode=)``; the key is the first 8 bytes
+  (little-endian) of vLLM's block hash, so the same content always has the same key; the
+  request id is a small int per vLLM request id (in order of first materialization), the root
+  is the key of the request's first block hash (``on_hit`` gets it too), and the decode blocks
+  are those at or past the block holding the prompt's last token;
+* ``KVCacheManager.free`` of a finished request (vLLM frees a preempted one while it is still
+  RUNNING): ``policy.on_request_finished(its id)``;
 * ``get_num_free_blocks``: inside ``allocate_slots`` it returns
   ``min(queue size, policy.available(requester))``, so quota policies gate admission exactly as
   in the simulator; everywhere else it is the exact queue size;
@@ -464,6 +469,8 @@ class PolicyBlockPool(_VllmBlockPool):
         self._owner: list[int] = [-1] * self.num_gpu_blocks
         self._evictions: list[list[int]] = [[0] * (G + 1) for _ in range(G)]
         self.num_victims = 0
+        self._request_ids: dict[str, int] = {}   # vLLM request id -> the policy's request id
+        self._next_request_id = 0
         self._t0 = _monotonic()
         self.policy = policy
         self.config = cfg
@@ -610,6 +617,21 @@ class PolicyBlockPool(_VllmBlockPool):
             meta[2] = cp
         return g, cp[0], cp[1]
 
+    def request_key(self, request) -> int:
+        """The policy's int id of a vLLM request (assigned at its first use, kept until
+        :meth:`request_finished`)."""
+        rid = self._request_ids.get(request.request_id)
+        if rid is None:
+            rid = self._request_ids[request.request_id] = self._next_request_id
+            self._next_request_id += 1
+        return rid
+
+    def request_finished(self, request) -> None:
+        """A finished request's blocks were freed: the policy forgets it."""
+        rid = self._request_ids.pop(request.request_id, None)
+        if rid is not None and self.policy is not None:
+            self.policy.on_request_finished(rid)
+
     def _requester(self) -> int:
         if self._current is not None:
             return self._group(self._current)
@@ -738,7 +760,9 @@ class PolicyBlockPool(_VllmBlockPool):
             if ids:
                 g, c, p = self.request_meta(cur) if cur is not None \
                     else (self._requester(), self._default_contract, 0)
-                pol.on_hit(np.array(ids, _INT32), g, c, p, _monotonic() - self._t0)
+                root = hash_key(cur.block_hashes[0]) \
+                    if cur is not None and cur.block_hashes else None
+                pol.on_hit(np.array(ids, _INT32), g, c, p, _monotonic() - self._t0, root=root)
         elif (meta := getattr(cur, _META_ATTR, None)) is None or meta[0] is not self.tenants \
                 or meta[2] is None:  # not self._resolved(cur), inlined
             # the base no-op is not called, but the ids are resolved (and checked) as before
@@ -839,6 +863,9 @@ class PolicyBlockPool(_VllmBlockPool):
             return
         ids: list[int] = []
         keys: list[int] = []
+        # decode blocks: from the one holding the prompt's last token on (index >= this)
+        first_decode = request.num_prompt_tokens // block_size - num_cached_blocks
+        num_decode = 0
         for i, blk in enumerate(blocks[num_cached_blocks:num_full_blocks]):
             if blk.is_null or (block_mask is not None and not block_mask[i]) \
                     or blk.block_hash is None:
@@ -847,12 +874,16 @@ class PolicyBlockPool(_VllmBlockPool):
             if base:  # the base no-op is not called: one block is enough to resolve the ids
                 break
             keys.append(hash_key(blk.block_hash))
+            num_decode += i >= first_decode
         if ids:
             g, c, p = self.request_meta(request)
             if not base:
                 pol.on_materialize(np.array(ids, _INT32),
                                    np.array(keys, np.uint64), g, c, p,
-                                   _monotonic() - self._t0)
+                                   _monotonic() - self._t0,
+                                   request_id=self.request_key(request),
+                                   root=hash_key(request.block_hashes[0]),
+                                   num_decode=num_decode)
         if self._check:
             self._verify("cache_full_blocks")
 
@@ -1058,6 +1089,15 @@ class PolicyKVCacheManager(_VllmKVCacheManager):
     # on any other signature it is the generic wrapper.
     allocate_slots = _allocate_slots_0_32 \
         if _same_parameters(_allocate_slots_0_32, _vllm_allocate_slots) else _allocate_slots_any
+
+    def free(self, request) -> None:
+        """vLLM's ``free``; a finished request is then forgotten by the policy (a preempted one
+        is freed while still RUNNING and keeps its admission)."""
+        super().free(request)
+        pool = self.block_pool
+        if isinstance(pool, PolicyBlockPool) and pool.policy is not None \
+                and request.is_finished():
+            pool.request_finished(request)
 
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
         """vLLM's ``cache_blocks`` with ``request`` set as the pool's requester."""

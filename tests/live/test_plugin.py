@@ -122,9 +122,9 @@ def test_request_metadata_reaches_the_policy():
     pol = side.pool.policy
     orig = pol.on_materialize
 
-    def record(blocks, hashes, group, contract, prefix_id, now):
+    def record(blocks, hashes, group, contract, prefix_id, now, **request):
         calls.append((list(blocks), list(hashes), group, contract, prefix_id, now))
-        return orig(blocks, hashes, group, contract, prefix_id, now)
+        return orig(blocks, hashes, group, contract, prefix_id, now, **request)
 
     pol.on_materialize = record
     prompt = list(range(40))
@@ -144,6 +144,47 @@ def test_request_metadata_reaches_the_policy():
     assert p == plugin.hash_key(req2.block_hashes[0]) & 0x7FFFFFFFFFFFFFFF
 
 
+def test_the_request_its_root_and_decode_blocks_reach_the_policy():
+    """on_materialize names the request (the same id for its later chunks and decode blocks),
+    its root (the key of its first block hash) and its decode blocks; on_hit gets the root; a
+    finished request is forgotten, a preempted one is not."""
+    side = Side(40, 16, env("prefixshield"))
+    pol = side.pool.policy
+    calls, hits, finished = [], [], []
+    mat, hit, fin = pol.on_materialize, pol.on_hit, pol.on_request_finished
+
+    def record(blocks, hashes, group, contract, prefix_id, now, **request):
+        calls.append((len(blocks), request))
+        return mat(blocks, hashes, group, contract, prefix_id, now, **request)
+
+    def record_hit(blocks, group, contract, prefix_id, now, root=None):
+        hits.append(root)
+        return hit(blocks, group, contract, prefix_id, now, root=root)
+
+    def record_finish(request_id):
+        finished.append(request_id)
+        return fin(request_id)
+
+    pol.on_materialize, pol.on_hit, pol.on_request_finished = record, record_hit, record_finish
+    a = side.make_request("a", list(range(40)), "tenant-a")
+    assert side.admit(a, 20)[0]                   # a first chunk: block 0
+    assert side.step(a, 20)                       # the rest of the prompt: block 1
+    root = plugin.hash_key(a.block_hashes[0])
+    for tok in range(8):                          # 8 output tokens fill block 2 (a decode block)
+        side.append_output(a, 500 + tok)
+        assert side.step(a, 1)
+    assert [(n, r["num_decode"]) for n, r in calls] == [(1, 0), (1, 0), (1, 1)]
+    ids = {r["request_id"] for _, r in calls}
+    assert len(ids) == 1 and {r["root"] for _, r in calls} == {root}
+    b = side.make_request("b", list(range(40)), "tenant-a")
+    assert side.admit(b, 1 << 20)[0]
+    assert hits == [plugin.hash_key(b.block_hashes[0])] == [root]
+    side.free(b, preempted=True)
+    assert finished == []
+    side.free(a)
+    assert finished == list(ids)
+
+
 def test_an_unconfigured_contract_is_refused_even_where_the_policy_ignores_it():
     # LRU's on_materialize/on_hit are the base no-ops the pool does not call; the request's ids
     # are still resolved, so a contract that is not configured is an error under every policy
@@ -157,7 +198,8 @@ def test_an_unconfigured_contract_is_refused_even_where_the_policy_ignores_it():
 def test_a_hook_patched_on_the_instance_is_called():
     side = Side(40, 16, env("lru"))
     hits = []
-    side.pool.policy.on_hit = lambda blocks, g, c, p, now: hits.append((list(blocks), g))
+    side.pool.policy.on_hit = lambda blocks, g, c, p, now, root=None: hits.append((list(blocks),
+                                                                                   g))
     a = side.make_request("a", list(range(40)), "tenant-a")
     assert side.admit(a, 1 << 20)[0]
     b = side.make_request("b", list(range(40)), "tenant-a")

@@ -108,7 +108,17 @@ C_TF_TO_HEAD = 8     # vLLM "current": freed unhashed blocks go to the head of t
 C_SEQ = 9            # next native-order stamp
 C_HUSED = 10         # history entries used so far (<= H)
 C_NUM_DEBTORS = 11
-NUM_CTL = 12
+C_PER_CALL = 12      # 1: every on_materialize call is an admission (the per-call reading)
+C_CHARGE_DECODE = 13 # 1: decode blocks are charged like prompt blocks
+C_PREFIX_SOURCE = 14 # where the logical prefix comes from: PREFIX_ROOT, _DECLARED or _TENANT
+NUM_CTL = 15
+
+# Sources of the logical prefix (ctl[C_PREFIX_SOURCE]); see prefix_key.
+PREFIX_ROOT = 0
+PREFIX_DECLARED = 1
+PREFIX_TENANT = 2
+NO_CLASS = -1
+"""A request's admission class before its first materialization (see :func:`_materialize`)."""
 # fctl (float64) indices
 F_EPSILON = 0
 F_PRUNE_CLOCK = 1    # latest clock at which a debtor was dropped (-inf: none yet)
@@ -121,7 +131,7 @@ State = namedtuple("State", [
     "gprev", "gnxt", "gmember", "glen", "qprev", "qnxt", "qlen",
     "rho", "beta", "w", "bal", "t0", "charged", "materialized", "cls_count", "granted", "gated",
     "in_debt", "evictions", "evicted_class", "P", "ub", "heap", "debtors", "dpos", "utree",
-    "hkey_g", "hkey_p", "hprev", "hnxt", "htab"])
+    "uncharged", "hkey_g", "hkey_p", "hprev", "hnxt", "htab"])
 """The arrays of the packed state, in field order (see the module docstring)."""
 
 FIELDS = State._fields
@@ -150,7 +160,7 @@ def layout(N: int, G: int, C: int, H: int, hbits: int) -> list[tuple[str, type, 
         "evictions": (np.int64, (G, G + 1)), "evicted_class": (np.int64, (G + 1, NUM_CLASSES)),
         "P": (np.float64, (G,)), "ub": (np.float64, (G,)), "heap": (np.int32, (G,)),
         "debtors": (np.int32, (G,)), "dpos": (np.int32, (G,)), "utree": (np.float64, (2 * G,)),
-        "hkey_g": (np.int16, (H,)), "hkey_p": (np.int64, (H,)),
+        "uncharged": (np.int64, (G,)), "hkey_g": (np.int16, (H,)), "hkey_p": (np.int64, (H,)),
         "hprev": (np.int32, (H + 2,)), "hnxt": (np.int32, (H + 2,)),
         "htab": (np.int32, (1 << hbits,)),
     }
@@ -193,8 +203,9 @@ def state(st):
         _field2d(st, 28, G + 1, NUM_CLASSES, np.int64),
         _field(st, 29, np.float64), _field(st, 30, np.float64), _field(st, 31, np.int32),
         _field(st, 32, np.int32), _field(st, 33, np.int32), _field(st, 34, np.float64),
-        _field(st, 35, np.int16), _field(st, 36, np.int64), _field(st, 37, np.int32),
-        _field(st, 38, np.int32), _field(st, 39, np.int32))
+        _field(st, 35, np.int64),
+        _field(st, 36, np.int16), _field(st, 37, np.int64), _field(st, 38, np.int32),
+        _field(st, 39, np.int32), _field(st, 40, np.int32))
 
 
 # ----------------------------------------------------------------------------- block metadata
@@ -487,9 +498,22 @@ def _history_admit(s, g, pid):
 
 # ----------------------------------------------------------------------------- events
 @njit(cache=True, inline="always")
-def _charge(s, n, g, c, pid, t):
-    """Charge ``n`` new blocks of (g, c, pid) at ``t``: the bucket, the debtor list and bound,
-    the admission history; returns the blocks' initial class (DESIGN §5.4)."""
+def prefix_key(source, declared, root):
+    """The logical prefix of a request for the admission history and promotion eligibility:
+    its root key (the content key of its first full block, int64 bits of the uint64 hash) for
+    :data:`PREFIX_ROOT`, the trace's declared ``prefix_id`` for :data:`PREFIX_DECLARED`, 0 (one
+    prefix per group) for :data:`PREFIX_TENANT`."""
+    if source == PREFIX_ROOT:
+        return root
+    if source == PREFIX_DECLARED:
+        return declared
+    return 0
+
+
+@njit(cache=True, inline="always")
+def _charge(s, n, g, c, t):
+    """Charge ``n > 0`` new blocks to bucket (g, c) at ``t``: the balance, the debtor list and
+    the debt bound."""
     old = s.bal[g, c]
     s.bal[g, c] = effective_balance(old, s.t0[g, c], s.rho[c], s.beta[c], t) - n
     s.t0[g, c] = t
@@ -503,6 +527,19 @@ def _charge(s, n, g, c, pid, t):
             # every bucket has B >= 0 (or a term too small to round above 0, so P = 0 too):
             # P_g = 0 at any clock until g's next charge
             _drop_debtor(s, g)
+
+
+@njit(cache=True, inline="always")
+def _admit(s, n, g, c, pid, t, k_req):
+    """Meter ``n`` blocks (>= 0) of a request of (g, c, pid) at ``t`` and return the class of
+    its new blocks (DESIGN §5.4). ``k_req`` is the request's class if an earlier call already
+    admitted it (kept: admission, its first-admission test and its class are the request's),
+    else :data:`NO_CLASS`: this call is the admission, tested against the history and the
+    balance after the charge."""
+    if n > 0:
+        _charge(s, n, g, c, t)
+    if k_req >= 0:
+        return k_req
     first = _history_admit(s, g, pid)
     if s.ctl[C_SEGMENTATION] == 0:
         return NORMAL
@@ -526,35 +563,44 @@ def _label(s, b, g, c, pid, k):
 
 
 @njit(cache=True, inline="always")
-def _materialize(s, blocks, g, c, pid, t):
+def _materialize(s, blocks, g, c, pid, t, k_req, num_decode):
+    """Label ``blocks`` (new full blocks of one request, the last ``num_decode`` of them
+    decode blocks) after metering them (:func:`_admit`; decode blocks are charged only with
+    ``ctl[C_CHARGE_DECODE]``). Returns ``(-1, class)``, or ``(i, NO_CLASS)`` without any change
+    if ``blocks[i]`` is free or not a block id."""
     n = blocks.shape[0]
     N = s.ctl[C_N]
     for i in range(n):
         b = blocks[i]
         if b < 1 or b >= N or s.gmember[b] >= 0:
-            return i
+            return i, NO_CLASS
     if n == 0:
-        return -1
-    k = _charge(s, n, g, c, pid, t)
+        return -1, k_req
+    if s.ctl[C_PER_CALL] != 0:
+        k_req = NO_CLASS
+    free = 0 if s.ctl[C_CHARGE_DECODE] != 0 else min(max(num_decode, 0), n)
+    k = _admit(s, n - free, g, c, pid, t, k_req)
+    s.uncharged[g] += free
     for i in range(n):
         b = blocks[i]
         if s.cached[b] and s.owner[b] >= 0:
             s.cls_count[s.owner[b], s.klass[b]] -= 1
         _label(s, b, g, c, pid, k)
-    return -1
+    return -1, k
 
 
 @njit(cache=True)
-def materialize(st, blocks, g, c, pid, t):
-    """Charge one request's ``n_r = len(blocks)`` new full blocks to bucket (g, c) at ``t`` and
-    label the blocks (owner, contract, prefix, initial class). Returns ``(D_g(t) after the
-    charge in blocks, -1)``, or ``(0.0, i)`` without any change if ``blocks[i]`` is free or not
-    a block id (blocks must be in use)."""
+def materialize(st, blocks, g, c, pid, t, k_req, num_decode):
+    """Meter and label one request's new full ``blocks`` at ``t`` (:func:`_materialize`:
+    ``k_req`` the request's class from an earlier call or :data:`NO_CLASS`, the last
+    ``num_decode`` blocks decode blocks). Returns ``(D_g(t) after the charge in blocks, -1,
+    class of the blocks)``, or ``(0.0, i, NO_CLASS)`` without any change if ``blocks[i]`` is
+    free or not a block id (blocks must be in use)."""
     s = state(st)
-    bad = _materialize(s, blocks, g, c, pid, t)
+    bad, k = _materialize(s, blocks, g, c, pid, t, k_req, num_decode)
     if bad >= 0:
-        return 0.0, bad
-    return group_debt(s.bal, s.t0, s.rho, s.beta, g, t), -1
+        return 0.0, bad, NO_CLASS
+    return group_debt(s.bal, s.t0, s.rho, s.beta, g, t), -1, k
 
 
 @njit(cache=True, inline="always")
@@ -996,7 +1042,7 @@ def _miss_one(s, b, g, c, pid, t):
         _q_unlink(s, b)
     _count_eviction(s, b, g)
     # materialize (one block, not cached after the eviction: no class count to take back)
-    k = _charge(s, 1, g, c, pid, t)
+    k = _admit(s, 1, g, c, pid, t, NO_CLASS)
     _label(s, b, g, c, pid, k)
     # release(cached): the stamp (renumbering, if due, while b is in no list), then the tails
     s.seq[b] = _next_seq(s)
@@ -1148,8 +1194,10 @@ def _replay(st, keys, groups, contract, hits, key_of, bk, bv, bshift, bmask, log
             h = _ht_slot(kd, bshift)
             _prefetch(bk, h)
             _prefetch(bv, h)
-            _prefetch(s.htab, _h_home(s, groups[i + PREFETCH_AHEAD], kd))
+            _prefetch(s.htab, _h_home(s, groups[i + PREFETCH_AHEAD],
+                                      prefix_key(s.ctl[C_PREFIX_SOURCE], kd, kd)))
         kk = keys[i]
+        pid = prefix_key(s.ctl[C_PREFIX_SOURCE], kk, kk)  # a request is one block: its root
         g = groups[i]
         t = float(i)
         if t > s.fctl[F_CLOCK]:
@@ -1160,10 +1208,10 @@ def _replay(st, keys, groups, contract, hits, key_of, bk, bv, bshift, bmask, log
             b = bv[j]
             m = s.gmember[b]
             if s.cached[b] and m >= 0 and m < NUM_CLASSES:
-                _hit_candidate(s, b, g, contract, kk, t)
+                _hit_candidate(s, b, g, contract, pid, t)
                 continue
             one[0] = b
-            _hit(s, one, g, contract, kk, t)
+            _hit(s, one, g, contract, pid, t)
             if _acquire(s, one) >= 0 or _release(s, one, yes) >= 0:
                 return i
             continue
@@ -1179,11 +1227,11 @@ def _replay(st, keys, groups, contract, hits, key_of, bk, bv, bshift, bmask, log
         key_of[b] = kk
         _ht_insert(bk, bv, kk, b, bshift, bmask)
         if fused:
-            _miss_one(s, b, g, contract, kk, t)
+            _miss_one(s, b, g, contract, pid, t)
             _debt_log_append(log_t, log_g, log_d, log_cls, log_meta, max_samples, t, g, s)
             _prefetch_next_miss(s, key_of, bk, bshift)
             continue
-        if _materialize(s, one, g, contract, kk, t) >= 0:
+        if _materialize(s, one, g, contract, pid, t, NO_CLASS, 0)[0] >= 0:
             return i
         _debt_log_append(log_t, log_g, log_d, log_cls, log_meta, max_samples, t, g, s)
         if _release(s, one, yes) >= 0:

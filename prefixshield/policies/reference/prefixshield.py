@@ -25,15 +25,26 @@ class ReferencePrefixShield(Policy):
     """Pure-Python PrefixShield with the same interface and flags as the numba policy.
 
     Args: as :class:`~prefixshield.policies.prefixshield.PrefixShieldPolicy` (``vllm_compat``,
-    ``segmentation``, ``debt_gate``, ``responsibility``, ``epsilon`` blocks, ``history_factor``).
+    ``segmentation``, ``debt_gate``, ``responsibility``, ``epsilon`` blocks, ``history_factor``,
+    ``admission``, ``charge_decode``, ``prefix_source``).
     """
 
     name = "prefixshield_reference"
 
     def __init__(self, num_blocks: int, vllm_compat: str = "current", *,
                  segmentation: bool = True, debt_gate: bool = True, responsibility: bool = True,
-                 epsilon: float = 1e-9, history_factor: float = 4.0) -> None:
+                 epsilon: float = 1e-9, history_factor: float = 4.0,
+                 admission: str = "request", charge_decode: bool = True,
+                 prefix_source: str = "root") -> None:
         super().__init__(num_blocks, vllm_compat)
+        if admission not in ("request", "call"):
+            raise ValueError(f"admission must be 'request' or 'call', got {admission!r}")
+        if prefix_source not in ("root", "declared", "tenant"):
+            raise ValueError(f"unknown prefix_source {prefix_source!r}")
+        self.admission = admission
+        self.charge_decode = charge_decode
+        self.prefix_source = prefix_source
+        self.request_class: dict[int, int] = {}   # admitted running request -> its class
         self.segmentation = segmentation
         self.debt_gate = debt_gate
         self.responsibility = responsibility
@@ -59,6 +70,8 @@ class ReferencePrefixShield(Policy):
         self.B = [[self.beta[c] for c in range(C)] for _ in range(G)]
         self.t0 = [[0.0] * C for _ in range(G)]
         self.charged = [[0] * C for _ in range(G)]
+        self.uncharged = [0] * G
+        self.request_class.clear()
         self.granted = [0] * G
         self.gated = [0] * G
         self.evictions = [[0] * (G + 1) for _ in range(G)]
@@ -95,35 +108,59 @@ class ReferencePrefixShield(Policy):
         return (self._class_of(b), self.candidates[b])
 
     # ------------------------------------------------------------------ events
-    def on_materialize(self, blocks, hashes, group, contract, prefix_id, now) -> None:
-        """Charge the request's ``n_r = len(blocks)`` blocks, then label them."""
+    def prefix_key(self, prefix_id, root) -> int:
+        """The logical prefix: the root key (as int64 bits), the declared id, or 0 per group."""
+        if self.prefix_source == "root" and root is not None:
+            root = int(root)
+            return root - (1 << 64) if root >= (1 << 63) else root
+        return int(prefix_id) if self.prefix_source != "tenant" else 0
+
+    def on_materialize(self, blocks, hashes, group, contract, prefix_id, now, *, request_id=-1,
+                       root=None, num_decode=0) -> None:
+        """Charge the blocks (decode blocks only with ``charge_decode``); the request's first
+        call is its admission, which decides the class of every block it materializes."""
         self.clock = max(self.clock, now)
         n = len(blocks)
         if n == 0:
             return
         g, c = group, contract
-        self.B[g][c] = self.effective_balance(g, c, now) - n
-        self.t0[g][c] = now
-        self.charged[g][c] += n
-        key = (g, int(prefix_id))
-        first = key not in self.history
-        self.history[key] = None
-        self.history.move_to_end(key)
-        if len(self.history) > self.history_capacity:
-            self.history.popitem(last=False)
-        if not self.segmentation:
-            klass = NORMAL
-        elif self.B[g][c] < -self.epsilon or first:
-            klass = PROBATIONARY
+        pid = self.prefix_key(prefix_id, root)
+        free = 0 if self.charge_decode else min(max(int(num_decode), 0), n)
+        if n - free > 0:
+            self.B[g][c] = self.effective_balance(g, c, now) - (n - free)
+            self.t0[g][c] = now
+            self.charged[g][c] += n - free
+        self.uncharged[g] += free
+        per_request = self.admission == "request" and request_id >= 0
+        if per_request and request_id in self.request_class:
+            klass = self.request_class[request_id]
         else:
-            klass = NORMAL
+            key = (g, pid)
+            first = key not in self.history
+            self.history[key] = None
+            self.history.move_to_end(key)
+            if len(self.history) > self.history_capacity:
+                self.history.popitem(last=False)
+            if not self.segmentation:
+                klass = NORMAL
+            elif self.B[g][c] < -self.epsilon or first:
+                klass = PROBATIONARY
+            else:
+                klass = NORMAL
+            if per_request:
+                self.request_class[request_id] = klass
         for b in blocks:
-            self.meta[int(b)] = dict(owner=g, contract=c, prefix=int(prefix_id), klass=klass,
+            self.meta[int(b)] = dict(owner=g, contract=c, prefix=pid, klass=klass,
                                      hits=0, last_access=now)
 
-    def on_hit(self, blocks, group, contract, prefix_id, now) -> None:
+    def on_request_finished(self, request_id) -> None:
+        """Forget the request's admission."""
+        self.request_class.pop(request_id, None)
+
+    def on_hit(self, blocks, group, contract, prefix_id, now, *, root=None) -> None:
         """Reuse evidence for every hit block; eligible ones promoted iff ``D_g(now) ≤ ε``."""
         self.clock = max(self.clock, now)
+        prefix_id = self.prefix_key(prefix_id, root)
         debt = self.debt(group, now)
         gate_open = (not self.debt_gate) or debt <= self.epsilon
         for b in map(int, blocks):

@@ -137,7 +137,8 @@ class ReferenceS3FIFO(Policy):
             out.append(b)
         return np.array(out, dtype=np.int32)
 
-    def on_materialize(self, blocks, hashes, group, contract, prefix_id, now) -> None:
+    def on_materialize(self, blocks, hashes, group, contract, prefix_id, now, *, request_id=-1,
+                       root=None, num_decode=0) -> None:
         """Ghost hit -> main; small full before any eviction -> main; else small. freq 0."""
         for b, h in zip((int(x) for x in blocks), (int(x) for x in hashes)):
             self._leave_queues(b)
@@ -152,7 +153,7 @@ class ReferenceS3FIFO(Policy):
                 self.small.append(b)
         self._trim_ghost()
 
-    def on_hit(self, blocks, group, contract, prefix_id, now) -> None:
+    def on_hit(self, blocks, group, contract, prefix_id, now, *, root=None) -> None:
         """freq += 1, capped."""
         for b in (int(x) for x in blocks):
             if b in self.freq:
