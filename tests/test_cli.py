@@ -73,7 +73,8 @@ def test_trace_generate_then_run_the_file(tmp_path):
     (["run", "one_touch", "--set", "nope=1"], "--set nope: unknown parameter"),
     (["run", "one_touch", "--set", "duration_s=soon"], "--set duration_s: expected a number"),
     (["run", "missing/trace.parquet"], "missing/trace.parquet"),
-    (["run", "one_touch", "--blocks", "64"], "cannot measure C_prefill for 'one_touch'"),
+    (["run", "one_touch", "--blocks", "64", "--c-prefill-basis", "capacity"],
+     "cannot measure C_prefill for 'one_touch'"),
     (["run", "one_touch", "--set", "output_dist=zipf"], "output_dist must be one of"),
 ])
 def test_bad_input_is_one_error_line_without_traceback(tmp_path, args, message):
