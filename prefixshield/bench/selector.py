@@ -115,7 +115,9 @@ def _ps_rounds(st, groups, contracts, prefix_ids, times, counts):
         counts[i] = cycle_count() - c0
         if got < 0:
             return -1
-        _d, bad = psk.materialize(st, blk, groups[i], contracts[i], prefix_ids[i], times[i])
+        # each round is a request of its own (no class carried over), no decode block
+        _d, bad, _k = psk.materialize(st, blk, groups[i], contracts[i], prefix_ids[i], times[i],
+                                      psk.NO_CLASS, 0)
         if bad >= 0 or psk.release(st, blk, cached) >= 0:
             return -1
     return np.int64(cycle_count() - start)

@@ -18,7 +18,8 @@ from prefixshield.experiments.reproduce import REPRODUCE_SECTIONS, reproduce_exp
 from prefixshield.experiments.store import ResultsStore
 
 TABLES = ("attack", "benign", "borrowing", "sweep-capacity", "sweep-pressure", "sweep-load",
-          "sweep-profile", "ablation-segmentation", "ablation-delayed-replay", "overhead")
+          "sweep-profile", "ablation-segmentation", "ablation-delayed-replay", "readings",
+          "overhead")
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +51,20 @@ def test_every_cell_table_figure_and_the_index_exist(quick):
     assert len(figures) >= 10
     for f in figures:
         assert f.read_bytes()[:4] == b"\x89PNG" and f"figures/{f.name}" in index
+
+
+def test_the_readings_table_has_every_reading_against_every_case(quick):
+    from prefixshield.experiments.reproduce import READING_CASES, READINGS
+
+    t = table(quick, "readings")
+    assert list(dict.fromkeys(t["reading"])) == [spec for spec, _ in READINGS]
+    cases = {(w, base) for w, base, blocks in READING_CASES for _ in blocks}
+    assert {(r.split(" ")[0], a) for r, a in zip(t["case"], t["against"])
+            if a != READINGS[0][0]} == cases
+    # every reading against its baseline in every case, every other one against the default
+    assert len(t) == len(READINGS) * sum(len(b) for _, _, b in READING_CASES) * 2 - sum(
+        len(b) for _, _, b in READING_CASES)
+    assert np.isfinite(t["mean_diff"]).all()
 
 
 def test_the_default_setup_mirrors_the_reference():
