@@ -26,7 +26,11 @@ are enforced by the policy: ``G <= MAX_GROUPS``, ``C <= MAX_CONTRACTS``):
   ``3·owner[b] + klass[b]`` whenever b is a free candidate with ``owner[b] >= 0`` (the kernels
   unlink a block before they change its class).
 * Buckets: ``bal[g, c]`` (blocks), ``t0[g, c]`` (s); contract arrays ``rho[c]`` (blocks/s),
-  ``beta[c]`` (blocks), ``w[c] = rho[c] / min(rho)``.
+  ``beta[c]`` (blocks), ``w[c] = rho[c] / min(rho)``; ``charged[g, c]`` and ``uncharged[g]``
+  (decode blocks materialized without a charge, ``ctl[C_CHARGE_DECODE]`` off) count blocks.
+* Admission: a request's class is decided at its first materialization (:func:`_admit`) and
+  kept by the caller (the policy per request id, the fused loop per request row), who passes
+  it back with the request's later calls; ``ctl[C_PER_CALL]`` makes every call an admission.
 * Debtors: ``debtors[:ctl[C_NUM_DEBTORS]]`` (int32, ``dpos[g]`` its index or -1) holds every
   group that may owe at some clock >= ``fctl[F_PRUNE_CLOCK]``: every group whose last charge
   left ``bal[g, c] < 0`` and whose debt was not seen cleared since. A group outside it owes
@@ -532,7 +536,7 @@ def _charge(s, n, g, c, t):
 @njit(cache=True, inline="always")
 def _admit(s, n, g, c, pid, t, k_req):
     """Meter ``n`` blocks (>= 0) of a request of (g, c, pid) at ``t`` and return the class of
-    its new blocks (DESIGN §5.4). ``k_req`` is the request's class if an earlier call already
+    its new blocks. ``k_req`` is the request's class if an earlier call already
     admitted it (kept: admission, its first-admission test and its class are the request's),
     else :data:`NO_CLASS`: this call is the admission, tested against the history and the
     balance after the charge."""
