@@ -28,13 +28,13 @@ class DelayedReplayParams(AttackParams):
     group creates unique prefixes at ``neutral_rate`` until the end of the run. ``attack=False``
     removes the attacker rows only (the neutral pressure stays).
 
-    Defaults differ from one_touch so that the replay can hit at all (this is an ablation of the
-    gate, which decides only on replayed hits): the victim's hot set is half the cache
-    (``hot_fraction=0.5``) and suffixes stay inside one partial block (``suffix_tokens=(1, 15)``,
-    so no prompt creates cached blocks beyond its prefix). Then the K = 2 admitted attacker
-    prefixes (2 x 96 prompt blocks, more than the best-effort burst of 128, so the attacker is
-    in debt) fit beside the hot set until the replay; the replay's prefix hits are exactly the
-    promotion-eligible blocks the debt gate decides on.
+    The victim's hot set is half the cache (``hot_fraction=0.5``, unlike one_touch) so that the
+    replay can hit at all (this is an ablation of the gate, which decides only on replayed
+    hits): the K = 2 admitted attacker prefixes (2 x 96 prompt blocks, more than the
+    best-effort burst of 128, so the attacker is in debt) fit beside the hot set until the
+    replay. Suffixes are the shared 1-22 tokens, so a replayed prompt whose suffix fills a block
+    offers one more cached block: 192.5 replay-eligible blocks on average over 10 seeds against
+    the reference's 193 (docs/fidelity.md).
 
     Attributes:
         wait_factor: multiple of the clearance time to wait (the ablation uses 0, 0.5, 1.0).
@@ -43,18 +43,20 @@ class DelayedReplayParams(AttackParams):
         neutral_group, neutral_contract: the neutral-pressure group (role ``benign``).
         neutral_rate: its requests/s (None: the one-touch attacker rate).
         neutral_duration_s: length of the neutral-pressure phase in seconds (None: to the end
-            of the pressure window).
+            of the pressure window). 0.1 s is fitted (the reference does not state the phase)
+            to the reference's "about 74 evictions in all" in that phase: at the default rate
+            it holds one neutral request, whose ~97 new blocks cause 83.6 evictions under LRU
+            (10 seeds); no shorter phase exists, so the residual stays (docs/fidelity.md).
     """
 
     wait_factor: float = 1.0
     replay_set: int | None = 2
     replay_passes: int = 1
     hot_fraction: float = 0.5
-    suffix_tokens: tuple[int, int] = (1, 15)
     neutral_group: str = "benign"
     neutral_contract: str = "standard"
     neutral_rate: float | None = None
-    neutral_duration_s: float | None = None
+    neutral_duration_s: float | None = 0.1
 
     def __post_init__(self) -> None:
         super().__post_init__()
