@@ -319,7 +319,7 @@ def row(table: list, what: str, param: str, obs: float, vals, unit: str = "",
     met = "deterministic" if sd == 0 else ("yes" if abs(res) <= 2 * sd else "no")
     table.append((what, param, (fmt + unit).format(obs),
                   f"{fmt.format(m)}{unit} (sd {fmt.format(sd)}, CI ±{fmt.format(ci)})",
-                  f"{res:+.2f}{unit}", met))
+                  f"{res:+.2f}{' pp' if unit == '%' else unit}", met))
 
 
 def evaluate(ctx: Ctx, use_defaults: bool) -> list:
@@ -354,7 +354,7 @@ def evaluate(ctx: Ctx, use_defaults: bool) -> list:
                   f"{100 * p.hot_prefixes * p.prefix_blocks / p.usable_blocks:.1f}% "
                   f"({p.hot_prefixes} x {p.prefix_blocks} prefix blocks; "
                   f"{100 * p.hot_prefixes * full / p.usable_blocks:.1f}% with the longest "
-                  f"suffix's full blocks)", "", ""))
+                  f"suffix's full blocks)", "-", "-"))
     ls = ov("low_and_slow")
     ctl = runs(ctx, "low_and_slow", S, attack=False, **ls)
     row(t, "low_and_slow: LRU no-attack control", "suffix_tokens", OBS_CONTROL,
@@ -392,7 +392,7 @@ def evaluate(ctx: Ctx, use_defaults: bool) -> list:
         [r["p95_ms"] for r in bsg], " ms", "{:.1f}")
     med = float(np.median([r["p95_ms"] for r in bsg]))
     t.append(("bursty_sharegpt: S3-FIFO P95 TTFT, median over seeds", "bursty_sharegpt cv",
-              f"{OBS_BSG_P95:.1f} ms", f"{med:.1f} ms", f"{med - OBS_BSG_P95:+.2f} ms", ""))
+              f"{OBS_BSG_P95:.1f} ms", f"{med:.1f} ms", f"{med - OBS_BSG_P95:+.2f} ms", "-"))
     bo = runs(ctx, "borrowing", S, **ov("borrowing"))
     row(t, "borrowing: LRU hit", "suffix_tokens", OBS_BORROW_HIT, [r["hit"] for r in bo], "%")
     row(t, "borrowing: borrower's peak blocks (of 511)", "working_set_fraction",
