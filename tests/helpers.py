@@ -69,13 +69,14 @@ def assert_same_run(a, b, steps: bool = True) -> None:
         assert a.num_steps == b.num_steps, "step counts differ"
 
 
-def small_trace(name: str, seed: int = 0) -> Trace:
-    """Workload ``name`` at the shortest measured phase (of a few) its generator accepts."""
+def small_trace(name: str, seed: int = 0, **overrides) -> Trace:
+    """Workload ``name`` (with parameter ``overrides``) at the shortest measured phase (of a
+    few) its generator accepts."""
     from prefixshield.workloads import generate
 
     for duration_s in (5.0, 10.0, 20.0, 40.0):
         try:
-            return generate(name, duration_s=duration_s, seed=seed)
+            return generate(name, duration_s=duration_s, seed=seed, **overrides)
         except ValueError:
             continue
     raise AssertionError(f"workload {name!r} does not generate at any short duration")

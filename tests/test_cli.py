@@ -37,7 +37,7 @@ def test_run_header_says_how_the_load_was_measured_and_the_attack_sized():
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
     assert "C_prefill" in text and "32 distinct-prefix requests" in text
-    assert "1,536-token prefix" in text and "azure_conv outputs (mean 211 tokens)" in text
+    assert "1,536-token prefix" in text and "azure_conv outputs (mean 8 tokens, at most 8)" in text
     assert "designed creation pressure" in text and "attacker pressure" in text
     r = invoke("run", "one_touch", "--policy", "lru", *SMALL, "--set", "base_rate=1.5")
     assert "base rate 1.5 req/s (given)" in " ".join(r.output.split())

@@ -17,10 +17,11 @@ Defaults and where they come from (DESIGN §7 is "the reference setup"):
   ``round(hot_fraction * usable / prefix_blocks)`` with ``hot_fraction = 0.75`` (reference: 4
   prefixes = 384 of 511 blocks = 75.1% at 512 blocks; 8/16/32 at 1,024/2,048/4,096, the
   capacity sweep's "hot set ≈ 76.6% of usable").
-* Suffixes of 32-64 tokens: not stated by the reference; short unique questions after a long
-  shared prefix (2-4 blocks, under 4% of a request's prompt).
-* Outputs: ``azure_conv`` (see :mod:`prefixshield.workloads.outputs`): every request decodes a
-  production chat service's output length and keeps its blocks pinned while it does.
+* Suffixes of 1-22 tokens and outputs of ``azure_conv`` lengths clipped at 8 tokens (see
+  :mod:`prefixshield.workloads.outputs`): not stated by the reference; fitted to its no-attack
+  LRU hit ratios and to the request rate LRU sustained at 60% load (``PrefixParams``,
+  docs/fidelity.md). Every request decodes its output and keeps its blocks pinned while it
+  does.
 * Warm-up: each hot prefix once, spaced so that the victim's creation stays within its refill
   (``PrefixParams.warmup_gap``); the reference's "warm-up phase that first populates the
   victim's hot set is not measured".

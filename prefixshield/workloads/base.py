@@ -110,8 +110,10 @@ class PrefixParams(WorkloadParams):
     Attributes:
         prefix_tokens: tokens of every prefix (1,536 = 96 blocks of 16: DESIGN §7).
         suffix_tokens: (min, max) tokens of the unique suffix after each prefix, uniform
-            inclusive (32-64, not stated by the reference: short unique questions after a long
-            shared prefix, 2-4 blocks).
+            inclusive. 1-22 is fitted (the reference does not state it) to the reference's LRU
+            hit ratios without attack, 99.19% (low_and_slow, two_pass_replay) and 99.33%
+            (borrowing): a hit covers the prefix only, so the suffix sets how far below 100%
+            a fully cached victim stays (docs/fidelity.md).
         warmup_gap_s: spacing of the warm-up requests in seconds (None: :meth:`warmup_gap`).
         output_dist: output-length distribution (see :mod:`prefixshield.workloads.outputs`):
             ``azure_conv`` (default: a production chat service's output lengths, mean 211
@@ -120,14 +122,19 @@ class PrefixParams(WorkloadParams):
         output_tokens: ``(min, max)``: draw output lengths uniformly from this stated range
             instead (``1,1``: the one-output-token prefill study); None: ``output_dist``.
         max_output_tokens: clip of ``output_dist`` lengths (vLLM's ``max_tokens``; None: none).
+            8 is fitted (the reference does not state its output lengths) to the ~5.955
+            requests/s LRU sustained at 60% load on the L4 with Qwen2.5-1.5B: on the shipped
+            ``l4-qwen2.5-1.5b`` profile, ``0.6 x C_prefill`` of this request shape is 5.979
+            requests/s (docs/fidelity.md). Requests decode 8 tokens (7 for the 0.005% of
+            Azure's outputs that are shorter).
     """
 
     prefix_tokens: int = 1536
-    suffix_tokens: tuple[int, int] = (32, 64)
+    suffix_tokens: tuple[int, int] = (1, 22)
     warmup_gap_s: float | None = None
     output_dist: str = DEFAULT_OUTPUT_DIST
     output_tokens: tuple[int, int] | None = None
-    max_output_tokens: int | None = None
+    max_output_tokens: int | None = 8
 
     def __post_init__(self) -> None:
         super().__post_init__()

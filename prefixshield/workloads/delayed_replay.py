@@ -28,13 +28,13 @@ class DelayedReplayParams(AttackParams):
     group creates unique prefixes at ``neutral_rate`` until the end of the run. ``attack=False``
     removes the attacker rows only (the neutral pressure stays).
 
-    Defaults differ from one_touch so that the replay can hit at all (this is an ablation of the
-    gate, which decides only on replayed hits): the victim's hot set is half the cache
-    (``hot_fraction=0.5``) and suffixes stay inside one partial block (``suffix_tokens=(1, 15)``,
-    so no prompt creates cached blocks beyond its prefix). Then the K = 2 admitted attacker
-    prefixes (2 x 96 prompt blocks, more than the best-effort burst of 128, so the attacker is
-    in debt) fit beside the hot set until the replay; the replay's prefix hits are exactly the
-    promotion-eligible blocks the debt gate decides on.
+    The victim's hot set is half the cache (``hot_fraction=0.5``, unlike one_touch) so that the
+    replay can hit at all (this is an ablation of the gate, which decides only on replayed
+    hits): the K = 2 admitted attacker prefixes (2 x 96 prompt blocks, more than the
+    best-effort burst of 128, so the attacker is in debt) fit beside the hot set until the
+    replay. Suffixes are the shared 1-22 tokens, so a replayed prompt whose suffix fills a block
+    offers one more cached block: 192.5 replay-eligible blocks on average over 10 seeds against
+    the reference's 193 (docs/fidelity.md).
 
     Attributes:
         wait_factor: multiple of the clearance time to wait (the ablation uses 0, 0.5, 1.0).
@@ -42,16 +42,21 @@ class DelayedReplayParams(AttackParams):
         replay_passes: passes over the K prefixes in the replay phase.
         neutral_group, neutral_contract: the neutral-pressure group (role ``benign``).
         neutral_rate: its requests/s (None: the one-touch attacker rate).
+        neutral_duration_s: length of the neutral-pressure phase in seconds (None: to the end
+            of the pressure window). 0.1 s is fitted (the reference does not state the phase)
+            to the reference's "about 74 evictions in all" in that phase: at the default rate
+            it holds one neutral request, whose ~97 new blocks cause 83.6 evictions under LRU
+            (10 seeds); no shorter phase exists, so the residual stays (docs/fidelity.md).
     """
 
     wait_factor: float = 1.0
     replay_set: int | None = 2
     replay_passes: int = 1
     hot_fraction: float = 0.5
-    suffix_tokens: tuple[int, int] = (1, 15)
     neutral_group: str = "benign"
     neutral_contract: str = "standard"
     neutral_rate: float | None = None
+    neutral_duration_s: float | None = 0.1
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -59,6 +64,8 @@ class DelayedReplayParams(AttackParams):
         check(self.replay_set is None or self.replay_set >= 1, "replay_set must be >= 1")
         check(self.replay_passes >= 1, f"replay_passes must be >= 1, got {self.replay_passes}")
         check(self.neutral_rate is None or self.neutral_rate > 0, "neutral_rate must be > 0")
+        check(self.neutral_duration_s is None or self.neutral_duration_s > 0,
+              f"neutral_duration_s must be > 0 s, got {self.neutral_duration_s}")
         check(self.neutral_group not in (self.victim_group, self.attacker_group),
               "neutral_group must differ from victim_group and attacker_group")
         check(self.neutral_contract in self.contract_table,
@@ -89,9 +96,10 @@ def designed_debt_blocks(arrival_s: np.ndarray, new_blocks: np.ndarray,
 def delayed_replay(params: DelayedReplayParams | None = None) -> Trace:
     """Delayed replay (ablation): admit K prefixes, wait ``wait_factor x`` clearance, replay.
 
-    Then neutral pressure: the neutral group (role ``benign``) creates unique prefixes until
-    the end of the run. ``meta`` records ``designed_debt_blocks``, ``clearance_s``,
-    ``replay_start_s`` and ``neutral_start_s``. Raises ValueError when the schedule does not
+    Then neutral pressure: the neutral group (role ``benign``) creates unique prefixes for
+    ``neutral_duration_s`` (None: until the end of the run). ``meta`` records
+    ``designed_debt_blocks``, ``clearance_s``, ``replay_start_s``, ``neutral_start_s`` and
+    ``neutral_end_s``. Raises ValueError when the schedule does not
     fit in ``duration_s``.
     """
     p = params or DelayedReplayParams()
@@ -121,7 +129,8 @@ def delayed_replay(params: DelayedReplayParams | None = None) -> Trace:
                        group=p.attacker_group, contract=p.attacker_contract, role="attacker",
                        suffix_len=suffix_len, output_tokens=out)
     n_rate = p.neutral_rate or p.one_touch_rate
-    t_n = periodic_times(n_rate, neutral_start, w1)
+    n_end = w1 if p.neutral_duration_s is None else min(w1, neutral_start + p.neutral_duration_s)
+    t_n = periodic_times(n_rate, neutral_start, n_end)
     add_fresh_prefixes(rows, p, rng_for(p.seed, STREAM_NEUTRAL), t_n, np.arange(len(t_n)),
                        group_index=GI_NEUTRAL, group=p.neutral_group,
                        contract=p.neutral_contract, role="benign")
@@ -129,5 +138,6 @@ def delayed_replay(params: DelayedReplayParams | None = None) -> Trace:
                        attacker_requests=len(t_att), replay_set=k,
                        designed_debt_blocks=debt, clearance_s=clearance,
                        replay_start_s=replay_start, neutral_start_s=neutral_start,
+                       neutral_end_s=n_end,
                        neutral_rate=n_rate, neutral_requests=len(t_n))
     return rows.finish(p.seed, p.vocab_size, meta, drop_role=drop_role(p))

@@ -12,19 +12,23 @@ from prefixshield.workloads.registry import register
 @dataclass(frozen=True)
 class LowAndSlowParams(AttackParams):
     """``low_and_slow``: the attacker rotates through unseen prefixes at a rate spread evenly
-    over the run, its creation just above its refill (reference: "creation just above its
-    refill", accumulating pressure without bursts).
+    over the run, without bursts (reference: "creation just above its refill", accumulating
+    pressure without bursts).
 
     Attributes:
         pressure_ratio: attacker creation rate (prompt and decode blocks) / its contract's
-            refill; default 1.25, "just above" refill: the attacker's debt grows by a quarter of
-            its refill per second once its burst allowance is spent.
-        duration_s: 120 s by default: slow pressure needs time to accumulate (at 1.25 the
-            best-effort burst of 128 blocks is spent after 32 s).
+            refill. 7.5 is fitted (the reference does not state the rate) to the reference's
+            LRU victim hit ratio under this attack, 92.64% (90.65% here over 10 seeds). In the
+            simulator a creation just above refill costs LRU nothing (99.2% at 1.25 to 4), so
+            the observed loss needs a creation well above refill (docs/fidelity.md).
+        duration_s: the measured phase and attack window. 42 s is fitted (the reference does
+            not state it) to its creation-pressure sweep: the attacker's mean debt of 260.90
+            and 901.91 blocks at measured pressures 2.14 and 4.23 is the debt a window of about
+            40 s accumulates (261.3 and 929.6 here at pressures 2 and 4).
     """
 
-    duration_s: float = 120.0
-    pressure_ratio: float | None = 1.25
+    duration_s: float = 42.0
+    pressure_ratio: float | None = 7.5
 
 
 @register("low_and_slow", LowAndSlowParams)

@@ -13,7 +13,18 @@ from prefixshield.workloads.registry import register
 class OneTouchParams(AttackParams):
     """``one_touch``: every default as in :class:`~prefixshield.workloads.attack.AttackParams`;
     the attacker rate is the reference's ``min(0.75 C_prefill, 1.15 base_rate)`` unless
-    ``pressure_ratio`` or ``attacker_rate`` is given."""
+    ``pressure_ratio`` or ``attacker_rate`` is given.
+
+    Attributes:
+        duration_s: the measured phase, which the attack covers whole (the attack window). 17 s
+            is fitted (the reference does not state it) to its capacity sweep, where the
+            window is the same at every capacity and the 4,096-block run materializes 5.64
+            full-cache turnovers (5.72 here, over 10 seeds at the 512-block C_prefill). The
+            reference's 512-block LRU P95 TTFT of 1,440 ms needs a window of about 6 s here
+            and is not met (docs/fidelity.md).
+    """
+
+    duration_s: float = 17.0
 
 
 @register("one_touch", OneTouchParams)

@@ -19,7 +19,10 @@ distribution (vLLM's ``max_tokens``).
 Why Azure's conversation trace is the default: it is the one public source here of output lengths
 that a production chat service counted with its own tokenizer, which is what the victim and
 attacker tenants of the attack workloads model; the ShareGPT lengths are character estimates.
-Its whole distribution is used, not a subset chosen per workload.
+Its whole distribution is used, not a subset chosen per workload. The prefix workloads clip it
+at ``max_output_tokens = 8`` by default, fitted to the request rate the reference's LRU sustained
+at 60% load (``PrefixParams``; docs/fidelity.md), so their requests decode 8 tokens (7 for the
+0.005% of Azure's outputs that are shorter).
 """
 
 from __future__ import annotations

@@ -77,6 +77,7 @@ from prefixshield.traces.segments import SegmentKind, segment_ids
 from prefixshield.workloads.attack import GI_ATTACKER, AttackParams, attack_meta, victim_and_window
 from prefixshield.workloads.base import (STREAM_ATTACKER, check, periodic_times,
                                          prefix_suffix_prompts, rng_for)
+from prefixshield.workloads.one_touch import OneTouchParams
 from prefixshield.workloads.registry import register
 
 BUDGET_LIMITS = ("both", "requests", "prompt_tokens")
@@ -93,6 +94,7 @@ class SearchedAttackParams(AttackParams):
     :data:`prefixshield.experiments.attack_space.SPACE`.
 
     Attributes:
+        duration_s: one_touch's (its fitted attack window, 17 s).
         budget_limits: which limits apply: ``both`` (default: a rate limiter of requests
             and input tokens per minute, as API providers apply; not from the reference),
             ``requests`` or ``prompt_tokens``.
@@ -117,8 +119,9 @@ class SearchedAttackParams(AttackParams):
             ``standard`` (not from the reference: the attacker is entitled to no tier above the
             victim's). It must be the victim's or the attacker's contract, so the control's
             configured tenants do not depend on the attack.
-        cycle_s: on/off period in seconds (20 s: a third of the default measured phase; not
-            from the reference; irrelevant at ``duty=1``).
+        cycle_s: on/off period in seconds (20 s: a third of the 60 s measured phase it was
+            chosen for, longer than one_touch's fitted 17 s; not from the reference;
+            irrelevant at ``duty=1``).
         duty: on fraction of each cycle (1: always on, one_touch).
         phase: where in the first off-time the first on-period starts, as a fraction (0: at
             the window start).
@@ -131,6 +134,7 @@ class SearchedAttackParams(AttackParams):
             ``1 / base_rate``, in [-0.5, 0.5] (0: at the same instant, after it in the queue).
     """
 
+    duration_s: float = OneTouchParams.duration_s
     budget_limits: str = "both"
     budget_requests: float | None = None
     budget_prompt_tokens: float | None = None

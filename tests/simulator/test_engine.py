@@ -177,7 +177,9 @@ def test_waiting_requests_hold_no_tokens_until_they_reach_the_head():
 
     profile = load_profile("l4-qwen2.5-1.5b")
     spec = RunSpec(workload="one_touch", policies=("lru",), engine=EngineConfig(max_num_seqs=4),
-                   profile=profile, overrides={"duration_s": 20.0, "base_rate": 3.0})
+                   profile=profile, overrides={"duration_s": 20.0, "base_rate": 3.0,
+                                               # long outputs, so 3 requests/s overload it
+                                               "max_output_tokens": None})
     trace, _ = build_trace(spec)
     seen = []
 
