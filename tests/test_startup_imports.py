@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from rich.text import Text
 
 import prefixshield.traces as traces
-from prefixshield import cli
+from prefixshield.cli import common as cli
+from prefixshield.cli import main
 from prefixshield.bench import startup
 
 # A generated-workload run without --out, in a fresh interpreter (sys.modules as a user's process
@@ -263,5 +264,5 @@ def test_program_freezes_the_collector_at_exit(call):
 
 def test_cli_runner_invocations_register_no_exit_handler():
     before = atexit._ncallbacks()
-    result = CliRunner().invoke(cli.main, ["--version"])
+    result = CliRunner().invoke(main, ["--version"])
     assert result.exit_code == 0 and atexit._ncallbacks() == before
