@@ -67,9 +67,10 @@ def build_records(engine: Any) -> pd.DataFrame:
         engine: a finished :class:`~prefixshield.simulator.engine.Engine`, or any object with
             the same plain data (this module does not import the engine, which imports it):
             read are its trace's ``request_id``, ``role`` and ``measured`` columns, and its
-            per-request arrays (``arrival_s``, ``group_id``, ``contract_id``, ``prefix_id``, ``prompt_tokens``,
-            ``cached_tokens``, ``num_new_blocks``, ``output_tokens``, ``first_token_s``,
-            ``finish_s``, ``num_preemptions``) and name lists (``groups``, ``contracts``).
+            per-request arrays (``arrival_s``, ``group_id``, ``contract_id``, ``prefix_id``,
+            ``prompt_tokens``, ``cached_tokens``, ``num_new_blocks``, ``output_tokens``,
+            ``first_token_s``, ``finish_s``, ``num_preemptions``) and name lists (``groups``,
+            ``contracts``).
 
     Returns:
         The same frame as ``pd.DataFrame({...})`` over those arrays (see the module docstring:
