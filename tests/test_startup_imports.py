@@ -177,7 +177,7 @@ def test_registering_a_listed_name_twice_raises():
 def test_run_loads_neither_plotting_nor_the_vllm_side(fresh_run):
     mods = set(fresh_run["modules"])
     assert not {m for m in mods if m.split(".")[0] == "matplotlib"}
-    assert not {m for m in mods if m.startswith("prefixshield.validate")}
+    assert not {m for m in mods if m.startswith(("prefixshield.validate", "prefixshield.live"))}
 
 
 def test_cli_shortens_the_openblas_idle_spin_before_numpy_loads(fresh_run):

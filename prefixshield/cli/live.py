@@ -69,7 +69,7 @@ def make_model(out_dir, arch, seed, dtype, dry_run, overwrite):
     """
     import json
 
-    from prefixshield.validate.tinymodel import model_config, num_parameters, write_tiny_model
+    from prefixshield.live.tinymodel import model_config, num_parameters, write_tiny_model
 
     if dry_run:
         console.print_json(json.dumps(model_config(arch)))

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from prefixshield.traces.contracts import DEFAULT_CONTRACTS
+from prefixshield.tenancy import DEFAULT_CONTRACTS
 
 CONTRACTS = list(DEFAULT_CONTRACTS.values())
 TIMED_ROUNDS = 2000

@@ -16,7 +16,7 @@ from typing import Callable, ClassVar, Sequence
 import numpy as np
 
 from prefixshield.lazyregistry import LazyRegistry
-from prefixshield.traces.contracts import Contract
+from prefixshield.tenancy import Contract
 
 COMPAT_MODES = ("0.10", "current")
 """vLLM free-queue semantics: ``"0.10"`` appends every freed block to the tail; ``"current"``

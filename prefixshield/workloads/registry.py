@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, Callable, Mapping
 
 from prefixshield.lazyregistry import LazyRegistry
-from prefixshield.traces.contracts import Contract
+from prefixshield.tenancy import Contract
 from prefixshield.traces.schema import Trace
 
 WORKLOAD_MODULES: dict[str, str] = {
