@@ -211,7 +211,7 @@ def sweep(workload, policies, grid, fixed, spec_file, seeds, name, records, out_
 @_executor_options
 @_user_errors
 def reproduce(quick, seeds, compat, profile, out_dir, executor, workers, address):
-    """Regenerate the whole evaluation (DESIGN §9) into OUT.
+    """Regenerate the whole evaluation (every named experiment) into OUT.
 
     The attack table with no-attack controls, the benign and borrowing tables, the capacity,
     pressure, load and profile sweeps, the segmentation and delayed-replay ablations and the

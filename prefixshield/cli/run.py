@@ -82,12 +82,18 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
         def figures(folder: Path) -> list[Path]:
             if not (plot and results):
                 return []
-            from prefixshield.plots import plot_policy_comparison
+            from prefixshield.figures import policy_comparison
+            from prefixshield.simulator.metrics import summarize
 
+            groups = next(iter(results.values())).groups  # every run has the trace's groups
             focus = "victim" if "victim" in set(trace.requests["group"]) else None
+            if focus not in groups:
+                focus = groups[0] if groups else ""
             png = folder / "comparison.png"
-            plot_policy_comparison(results, f"{workload} - {spec.profile.name}, {num_blocks} "
-                                   f"blocks, seed {seed}", png, focus_group=focus)
+            policy_comparison(png, f"{workload} - {spec.profile.name}, {num_blocks} blocks, "
+                              f"seed {seed}", {p: summarize(r) for p, r in results.items()},
+                              {p: (r.occupancy_t, r.occupancy[:, r.groups.index(focus)])
+                               for p, r in results.items()}, focus)
             return [png]
 
         written = write_outputs(out_dir, spec, trace, info, results, failures, extra=figures)
@@ -245,7 +251,7 @@ def _print_summary(results, timings, failures=None) -> None:
     if attack:
         console.print("attacker pressure: blocks the attacker materialized per second of the "
                       "pressure window over its refill (measured); debt: its time-weighted mean "
-                      "token-bucket debt (DESIGN §5.4) over the window.")
+                      "token-bucket debt over the window.")
 
 
 
