@@ -14,15 +14,8 @@ import gc
 import os
 import sys
 
-START_ENV: dict[str, str] = {"OPENBLAS_THREAD_TIMEOUT": "4"}
-"""Environment the command line sets (unless the user already has) before anything loads numpy.
+from prefixshield.machine import START_ENV  # noqa: E402  (imports nothing heavy)
 
-OpenBLAS -- numpy's copy, and scipy's, which numba loads at start-up to probe for BLAS -- starts a
-worker thread per core that busy-waits 2**28 cycles (~0.1 s) for work before it sleeps. No command
-hands BLAS work large enough to thread, so on a 2-core machine that spin was 0.06-0.15 CPU-s of
-every command (measured per thread, more the idler the machine). ``OPENBLAS_THREAD_TIMEOUT=4``
-(OpenBLAS's minimum, 2**4 cycles) only sends idle workers to sleep sooner: the thread count,
-hence how BLAS splits any work and every result, is unchanged."""
 for _name, _value in START_ENV.items():
     os.environ.setdefault(_name, _value)
 
