@@ -116,9 +116,11 @@ POLICY_MODULES: dict[str, str] = {
 (:func:`register_policy`). A module is imported the first time its policy is looked up, so a run
 of one policy does not build the numba dispatchers of the others at start-up."""
 
-POLICIES = LazyRegistry("policy", POLICY_MODULES)
+POLICIES = LazyRegistry("policy", POLICY_MODULES, group="prefixshield.policies")
 """The registry: policy name -> class, a read-only mapping (a policy's module is imported on the
-first look-up of its name); each class adds itself with :func:`register_policy`."""
+first look-up of its name); each class adds itself with :func:`register_policy`. Other installed
+packages add policies in the entry-point group ``prefixshield.policies`` (see
+:mod:`prefixshield.lazyregistry`)."""
 
 
 def register_policy(cls: type[Policy]) -> type[Policy]:
