@@ -39,7 +39,8 @@ class Twin:
     """Two pools driven identically; every decision of the fast policy is held to the reference.
 
     Args:
-        fast, ref: fresh policies of ``num_blocks`` blocks.
+        fast: a fresh policy of ``num_blocks`` blocks, the one under test.
+        ref: a fresh reference policy of ``num_blocks`` blocks.
         num_keys: content keys are drawn from ``1 .. num_keys`` (repeats reach the ghost and
             create duplicate content in two blocks).
         work_conserving: also assert that no cached block is reclaimed while a truly free one
