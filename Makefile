@@ -1,5 +1,6 @@
-# prefixshield: `make demo`, `make test` and `make bench` each set up .venv themselves; `make test`
-# also sets up .venv-vllm010 (vLLM 0.10.2, for the differential test of the "0.10" compat mode).
+# prefixshield: `make demo`, `make test`, `make docs` and `make bench` each set up .venv themselves;
+# `make test` also sets up .venv-vllm010 (vLLM 0.10.2, for the differential test of the "0.10"
+# compat mode).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -9,7 +10,7 @@ BIN010  := $(VENV010)/bin
 PIP010  := $(BIN010)/pip --disable-pip-version-check -q
 DEMO_OUT ?= demo-out
 
-.PHONY: demo test test-vllm010 bench install install-vllm install-vllm010 clean
+.PHONY: demo test test-vllm010 docs bench install install-vllm install-vllm010 clean
 
 # Core package + test tools (numpy, numba, simpy, pandas, pyarrow, click, rich, matplotlib, ...)
 # and Ray, so the executor tests run the Ray executor too.
@@ -51,6 +52,11 @@ $(VENV010)/.vllm: requirements/vllm-0.10.2.txt
 	  assert vllm.__version__ == '0.10.2', vllm.__version__; import prefixshield.policies"
 	touch $@
 
+# The documentation site's tools (the `docs` extra: MkDocs, Material, mkdocstrings).
+$(VENV)/.docs: $(VENV)/.core
+	$(PIP) install -e '.[docs]'
+	touch $@
+
 install: $(VENV)/.core
 install-vllm: $(VENV)/.vllm
 install-vllm010: $(VENV010)/.vllm
@@ -65,8 +71,12 @@ test: $(VENV)/.vllm $(VENV010)/.vllm
 test-vllm010: $(VENV010)/.vllm
 	PREFIXSHIELD_REQUIRE_VLLM=1 $(BIN010)/python -m pytest -q tests/differential/test_vllm_blockpool.py
 
+# The documentation site into site/; --strict: a broken link or a missing reference fails it.
+docs: $(VENV)/.docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 bench: $(VENV)/.vllm
 	$(BIN)/prefixshield bench
 
 clean:
-	rm -rf $(VENV) $(VENV010) $(DEMO_OUT) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV010) $(DEMO_OUT) site .pytest_cache .hypothesis

@@ -1,4 +1,5 @@
-"""Figures from stored cells (matplotlib, Agg; PNG written atomically).
+"""The figures of the project (matplotlib, Agg; PNG written atomically): a run's policies side by
+side (``prefixshield run --out``) and the figures of a results store's report.
 
 Each function takes plain data (means and CIs, sampled series, matrices), draws one figure meant
 to be read without the text around it (title, axis labels with units, legend), and writes it.
@@ -156,4 +157,40 @@ def ttft_cdfs(path, title: str, quantiles: Mapping[str, Sequence[float]],
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title(title)
     ax.legend(title="policy", fontsize=8)
+    _save(fig, path)
+
+
+def policy_comparison(path, title: str, summaries: Mapping[str, Mapping[str, float]],
+                      occupancy: Mapping[str, tuple[np.ndarray, np.ndarray]],
+                      focus_group: str) -> None:
+    """One run's policies side by side, three panels: hit ratio and P95 TTFT of the judged
+    population per policy, and the blocks ``focus_group`` occupies over time under each policy.
+
+    Args:
+        summaries: policy -> its run summary (:func:`prefixshield.simulator.metrics.summarize`:
+            ``population``, ``hit_ratio``, ``p95_ttft_s``).
+        occupancy: policy -> ``(times, blocks)``: the blocks ``focus_group`` held, a step
+            function over simulated time.
+    """
+    plt = _plt()
+    names = list(summaries)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), gridspec_kw={"width_ratios": [1, 1, 2]})
+    pop = summaries[names[0]]["population"] if names else "all"
+    x = np.arange(len(names))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    axes[0].bar(x, [100 * summaries[p]["hit_ratio"] for p in names], color=colors[: len(names)])
+    axes[0].set_ylabel(f"mean hit fraction of {pop} requests (%)")
+    axes[0].set_ylim(0, 100)
+    axes[1].bar(x, [summaries[p]["p95_ttft_s"] for p in names], color=colors[: len(names)])
+    axes[1].set_ylabel(f"P95 TTFT of {pop} requests (s)")
+    for ax in axes[:2]:
+        ax.set_xticks(x, names)
+    for i, p in enumerate(names):
+        t, blocks = occupancy[p]
+        axes[2].step(t, blocks, where="post", label=p, color=colors[i % len(colors)])
+    axes[2].set_xlabel("simulated time (s)")
+    axes[2].set_ylabel(f"blocks held by group '{focus_group}'")
+    axes[2].set_ylim(0, None)
+    axes[2].legend(title="policy")
+    fig.suptitle(title)
     _save(fig, path)

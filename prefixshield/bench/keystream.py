@@ -112,7 +112,7 @@ def prefixshield_replay(num_blocks: int, keys: np.ndarray, groups: np.ndarray,
     from numba.typed import Dict
 
     from prefixshield.policies import make_policy
-    from prefixshield.traces.contracts import DEFAULT_CONTRACTS
+    from prefixshield.tenancy import DEFAULT_CONTRACTS
 
     policy = make_policy("prefixshield", num_blocks)
     policy.bind_tenants(tuple(group_names), list(DEFAULT_CONTRACTS.values()))

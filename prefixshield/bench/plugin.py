@@ -40,7 +40,7 @@ def steps(quick: bool) -> int:
 
 def record_pool_calls(num_blocks: int, block_size: int, seed: int, num_ops: int) -> list[tuple]:
     """Run the request stream on a native pool and log every pool call with its arguments."""
-    from prefixshield.validate.kvdriver import Side, run_stream
+    from prefixshield.live.kvdriver import Side, run_stream
 
     side = Side(num_blocks, block_size)
     pool, mgr = side.pool, side.mgr
@@ -88,7 +88,7 @@ def record_pool_calls(num_blocks: int, block_size: int, seed: int, num_ops: int)
 
 def replay_pool_calls(pool, log: list[tuple]) -> float:
     """Replay ``log`` into ``pool``; returns wall seconds."""
-    from prefixshield.validate import plugin
+    from prefixshield.live import plugin
 
     blocks = pool.blocks
     policy = isinstance(pool, plugin.PolicyBlockPool) and pool.policy is not None
@@ -116,7 +116,7 @@ def replay_pool_calls(pool, log: list[tuple]) -> float:
 def replay_pool_call_times(pool, log: list[tuple]) -> np.ndarray:
     """Replay ``log`` into ``pool`` as :func:`replay_pool_calls` does; returns each call's
     nanoseconds (the plugin's requester assignment included, as in the whole replay)."""
-    from prefixshield.validate import plugin
+    from prefixshield.live import plugin
 
     blocks = pool.blocks
     policy = isinstance(pool, plugin.PolicyBlockPool) and pool.policy is not None
@@ -153,7 +153,7 @@ def replay_pool_call_times(pool, log: list[tuple]) -> np.ndarray:
 def stream_op_times(side, seed: int, num_ops: int) -> dict[int, int]:
     """Run the request stream on ``side``; returns ``{operation index: nanoseconds}`` (an
     operation the stream skips adds its time to the next one)."""
-    from prefixshield.validate.kvdriver import run_stream
+    from prefixshield.live.kvdriver import run_stream
 
     clock = time.perf_counter_ns
     marks: list[tuple[int, int]] = []
@@ -205,8 +205,8 @@ def run(quick: bool = False, tick: Tick = no_progress, num_blocks: int = 1024,
     if res.skipped:
         return res
     tick("plugin: importing vLLM, warm-up")
-    from prefixshield.validate import plugin
-    from prefixshield.validate.kvdriver import Side, run_stream
+    from prefixshield.live import plugin
+    from prefixshield.live.kvdriver import Side, run_stream
 
     env = plugin.plugin_env("lru", groups=GROUPS)
     run_stream(Side(64, block_size, env), 1, num_ops=200, observe=False)  # numba, vLLM warm

@@ -57,7 +57,7 @@ def run_ours(prompts: list[list[int]], num_blocks: int, block_size: int, keep: i
 
 def run_vllm(prompts: list[list[int]], num_blocks: int, block_size: int, keep: int) -> int:
     """The stream through vLLM's own ``KVCacheManager``; returns the total of cached tokens."""
-    from prefixshield.validate.kvdriver import Side
+    from prefixshield.live.kvdriver import Side
 
     side = Side(num_blocks, block_size)
     running, cached = [], 0

@@ -8,12 +8,13 @@ an interpreter that does nothing (``python -c pass``) and one that only imports 
 packages the run path cannot do without (numpy, pandas, numba, simpy, click, rich) and loads
 numba's CPU target (which imports ``scipy.linalg`` to probe BLAS), loading and exiting the way
 the CLI does (the collector paused while these load and their objects frozen after,
-:func:`prefixshield.cli._loading`; ``gc.freeze()`` at exit, :class:`prefixshield.cli._Program`)
+:func:`prefixshield.cli.common._loading`; ``gc.freeze()`` at exit,
+:class:`prefixshield.cli.common._Program`)
 -- the floor our own code sits on; and the same imports with Python's default collector and
 exit, whose collections the CLI skips.
 
 Every child gets the environment the command line sets for itself
-(:data:`prefixshield.cli.START_ENV`, so the floor is what the run cannot avoid) and runs without
+(:data:`prefixshield.machine.START_ENV`, so the floor is what the run cannot avoid) and runs without
 ``PYTHONDONTWRITEBYTECODE``: a user's interpreter writes its bytecode cache on the first run like
 the other caches, while with the variable set every run recompiles our ~60 modules (~0.1 CPU-s,
 reported in the notes when the variable was dropped).
@@ -41,7 +42,7 @@ RUN_IMPORTS = "import numpy, pandas, numba, simpy\n"
 
 FLOOR_TARGET = "from numba.core.registry import cpu_target\ncpu_target.target_context.refresh()\n"
 """numba's CPU target registries, loaded by the first kernel call (from its cache), or by ``run``
-before it (:func:`prefixshield.cli._load_numba_target`)."""
+before it (:func:`prefixshield.cli.common._load_numba_target`)."""
 
 FLOOR_CODE = CLI_IMPORTS + RUN_IMPORTS + FLOOR_TARGET
 """The imports of the floor, as Python does them by default."""
@@ -49,11 +50,11 @@ FLOOR_CODE = CLI_IMPORTS + RUN_IMPORTS + FLOOR_TARGET
 FLOOR_LOAD = (CLI_IMPORTS + "import gc\ngc.disable()\n" + RUN_IMPORTS + FLOOR_TARGET
               + "gc.freeze()\ngc.enable()\n")
 """The floor as the command line loads it: the run's imports and numba's CPU target with the
-collector paused and what they built frozen after (:func:`prefixshield.cli._loading`)."""
+collector paused and what they built frozen after (:func:`prefixshield.cli.common._loading`)."""
 
 FLOOR_EXIT = "import atexit, gc\natexit.register(gc.freeze)\n"
-"""The CLI's exit (:class:`prefixshield.cli._Program`): the interpreter's final collections skip
-every object alive at exit."""
+"""The CLI's exit (:class:`prefixshield.cli.common._Program`): the interpreter's final
+collections skip every object alive at exit."""
 
 FLOOR_LABEL = "import floor (numpy, pandas, numba + CPU target, simpy, click, rich)"
 DEFAULT_EXIT_LABEL = "the same imports, Python's default collector and exit"
@@ -86,9 +87,9 @@ def child_times(argv: list[str], env: dict[str, str] | None = None) -> tuple[flo
 
 def child_env(base: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
     """The children's environment: ``base`` (default ``os.environ``) with the CLI's
-    :data:`~prefixshield.cli.START_ENV` where unset and without ``PYTHONDONTWRITEBYTECODE``
+    :data:`~prefixshield.machine.START_ENV` where unset and without ``PYTHONDONTWRITEBYTECODE``
     (module docstring); also the names of the variables dropped."""
-    from prefixshield.cli import START_ENV
+    from prefixshield.machine import START_ENV
 
     env = dict(os.environ if base is None else base)
     for name, value in START_ENV.items():

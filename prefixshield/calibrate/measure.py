@@ -106,7 +106,7 @@ class _Driver:
                  max_num_batched_tokens: int, dtype: str, live=None) -> None:
         from vllm import SamplingParams
 
-        from prefixshield.validate.live import LiveEngine, LiveEngineConfig
+        from prefixshield.live.engine import LiveEngine, LiveEngineConfig
 
         # Same engine set-up as `prefixshield validate` (threads, binding, CPU work-arounds), so
         # a profile measured here describes the engine the validation replays against.
@@ -166,7 +166,7 @@ def measure_step_times(model_dir: str | None = None, block_size: int = 32,
         grid: the measurement grid.
         dtype: model dtype for vLLM ("auto", "float32", "bfloat16").
         progress: optional callable ``progress(done, total)``.
-        live: measure on this :class:`~prefixshield.validate.live.LiveEngine` (left open, its
+        live: measure on this :class:`~prefixshield.live.engine.LiveEngine` (left open, its
             prefix cache holding the calibration's blocks until the next replay resets it)
             instead of starting one; its own engine settings then apply.
     """

@@ -1,6 +1,6 @@
 """Tables over stored cells: means per policy and paired differences with bootstrap CIs.
 
-Paired statistics follow DESIGN §8: at each point, a policy is compared with the baseline on the
+Paired statistics: at each point, a policy is compared with the baseline on the
 seeds where both cells succeeded (the identical trace per seed); the difference is the mean of the
 run-level differences with a 95% percentile-bootstrap CI (10,000 resamples, fixed seed 0).
 """

@@ -73,8 +73,8 @@ class SearchConfig:
             TTFT increase, seconds).
         budget_limits: which limits of the attacker's budget apply: ``both``, ``requests``
             or ``prompt_tokens`` (see :mod:`prefixshield.workloads.searched_attack`).
-        budget_requests: the request limit, requests/s (None: the one-touch flood rate,
-            DESIGN §7).
+        budget_requests: the request limit, requests/s (None: the one-touch flood rate
+            of the reference setup).
         budget_prompt_tokens: the prompt-token limit, tokens/s (None: the one-touch flood rate
             times one_touch's mean prompt).
         sampler: ``tpe`` (optuna's TPESampler, constant liar for batches) or ``cmaes``.
@@ -282,7 +282,7 @@ class Paired:
     _a: tuple = ()
 
     def with_ci(self) -> "Paired":
-        """Fill in the bootstrap CIs (10,000 resamples, fixed seed 0: DESIGN §8)."""
+        """Fill in the bootstrap CIs (10,000 resamples, fixed seed 0, as every paired table)."""
         from prefixshield.simulator.metrics import paired_difference
 
         if self.failed or self.hit_loss[1] is not None or not self._a:

@@ -16,7 +16,7 @@ Bounds, and where they come from (none is chosen for the result it gives):
 * ``rotation_s`` 0.5-300 s (or no pool), ``pool_size`` 1-64: a pool as short-lived as a request
   gap or as long as the run; up to 64 prefixes (6,144 blocks at 96 each, past any cache here).
 * ``replay_fraction`` 0-0.9, ``replay_delay`` 0-2 clearance times: ``delayed_replay`` uses
-  0, 0.5 and 1 (DESIGN §7); 2 covers waiting past it.
+  0, 0.5 and 1 (the reference setup's); 2 covers waiting past it.
 * ``alt_contract_fraction`` 0-1: never to always under the second contract.
 * ``cycle_s`` 1-120 s, ``duty`` 0.1-1, ``phase`` 0-1: bursts from a second to two minutes; the
   on-time is at least a tenth, so the peak rate is at most 10x the budget.

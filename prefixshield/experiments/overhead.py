@@ -1,4 +1,4 @@
-"""Policy overhead: victim-selection latency and policy-state bytes per block (DESIGN §9).
+"""Policy overhead: victim-selection latency and policy-state bytes per block.
 
 The pool is driven through the policy interface only, so every policy is measured the same way:
 a seeded request stream over ``num_groups`` groups (Zipf-like group choice, contracts critical /
@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from prefixshield.traces.contracts import DEFAULT_CONTRACTS
+from prefixshield.tenancy import DEFAULT_CONTRACTS
 
 CONTRACTS = list(DEFAULT_CONTRACTS.values())
 TIMED_ROUNDS = 2000

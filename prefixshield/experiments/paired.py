@@ -1,4 +1,4 @@
-"""Paired comparison: R seeds, every policy on the identical trace per seed (DESIGN §8)."""
+"""Paired comparison: R seeds, every policy on the identical trace per seed."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import Profile
 from prefixshield.simulator.engine import Engine, EngineError, RunResult
 from prefixshield.simulator.metrics import eviction_matrix, group_table, occupancy_frame, summarize
-from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
+from prefixshield.tenancy import DEFAULT_CONTRACTS, Contract
 from prefixshield.traces.schema import Trace
 from prefixshield.workloads import WORKLOADS, make_params, params_to_dict
 

@@ -200,7 +200,7 @@ class Point:
 def resolve_contracts(settings: Mapping[str, Any]):
     """The contract table of the point: the defaults with ``contract.NAME.rho|beta`` applied
     (None when the point sets none). A new contract NAME needs both rho and beta."""
-    from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
+    from prefixshield.tenancy import DEFAULT_CONTRACTS, Contract
 
     fields = {k: v for k, v in settings.items() if k.startswith("contract.")}
     if not fields:

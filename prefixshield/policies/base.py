@@ -16,7 +16,7 @@ from typing import Callable, ClassVar, Sequence
 import numpy as np
 
 from prefixshield.lazyregistry import LazyRegistry
-from prefixshield.traces.contracts import Contract
+from prefixshield.tenancy import Contract
 
 COMPAT_MODES = ("0.10", "current")
 """vLLM free-queue semantics: ``"0.10"`` appends every freed block to the tail; ``"current"``
@@ -129,9 +129,11 @@ POLICY_MODULES: dict[str, str] = {
 (:func:`register_policy`). A module is imported the first time its policy is looked up, so a run
 of one policy does not build the numba dispatchers of the others at start-up."""
 
-POLICIES = LazyRegistry("policy", POLICY_MODULES)
+POLICIES = LazyRegistry("policy", POLICY_MODULES, group="prefixshield.policies")
 """The registry: policy name -> class, a read-only mapping (a policy's module is imported on the
-first look-up of its name); each class adds itself with :func:`register_policy`."""
+first look-up of its name); each class adds itself with :func:`register_policy`. Other installed
+packages add policies in the entry-point group ``prefixshield.policies`` (see
+:mod:`prefixshield.lazyregistry`)."""
 
 
 def register_policy(cls: type[Policy]) -> type[Policy]:

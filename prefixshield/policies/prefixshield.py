@@ -94,7 +94,7 @@ from prefixshield.policies.kernels import prefixshield_kernels as K
 from prefixshield.policies.kernels.hashtable import new_table, table_bits
 from prefixshield.policies.kernels.linkedlist import list_to_array
 from prefixshield.policies.kernels.packed import Packed, entry_point
-from prefixshield.traces.contracts import Contract
+from prefixshield.tenancy import Contract
 
 PROBATIONARY = K.PROBATIONARY
 NORMAL = K.NORMAL

@@ -16,7 +16,7 @@ from numba import types
 from numba.typed import Dict
 
 from prefixshield.policies.base import Policy
-from prefixshield.traces.contracts import DEFAULT_CONTRACTS
+from prefixshield.tenancy import DEFAULT_CONTRACTS
 
 _TRUE = np.ones(1, dtype=np.bool_)
 

@@ -2,7 +2,7 @@
 
 Measured as in the reference evaluation: 32 requests with distinct prefixes (no reuse possible)
 arrive together under LRU, and ``C_prefill = 32 / makespan``. The requests are *shaped like the
-workload's* (DESIGN §7): the same prompt lengths and output-length distribution
+workload's*: the same prompt lengths and output-length distribution
 (``probe_shapes`` of the workload's params), so that a workload whose requests decode hundreds
 of tokens, and hold their blocks while they do, is loaded against what the engine can really
 serve, not against one-token prefills. The nominal load ``alpha`` then sets the base arrival rate

@@ -1,5 +1,5 @@
 """Creation metering for every policy: who materialized how many blocks when, and the debt that
-DESIGN §5.4's token bucket would hold for it.
+PrefixShield's token bucket (refill ``rho`` up to ``beta`` per contract) would hold for it.
 
 The pool logs every materialization (one row per ``cache_full_blocks`` call: seconds, group,
 contract, blocks), whatever the policy, so each run can report a tenant's *measured* creation

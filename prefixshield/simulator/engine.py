@@ -56,7 +56,7 @@ from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import CostModel
 from prefixshield.simulator.kvcache import KVCacheManager, Sequence, make_sequence
 from prefixshield.simulator.records import build_records
-from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
+from prefixshield.tenancy import DEFAULT_CONTRACTS, Contract
 from prefixshield.traces.schema import Trace
 from prefixshield.traces.tokens import prompt_token_ids
 

@@ -1,4 +1,4 @@
-"""Run summaries and paired statistics over per-request records (DESIGN §8).
+"""Run summaries and paired statistics over per-request records.
 
 Populations: attack traces are judged by their *measured victim* requests; traces without a
 victim role by all measured requests. ``hit_fraction`` is vLLM's: cached tokens at first

@@ -27,13 +27,10 @@ from the kernel at each allocation, and the kernel zeroes each new page on its f
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 import pandas as pd
-
-if TYPE_CHECKING:  # engine imports this module; no import cycle at run time
-    from prefixshield.simulator.engine import Engine
 
 RECORD_COLUMNS: tuple[tuple[str, str], ...] = (
     ("request_id", "int64"),
@@ -62,16 +59,18 @@ def _names_of(names: list[str], ids: np.ndarray, out: np.ndarray) -> None:
     np.take(np.asarray(names, dtype=object), ids, out=out, mode="clip")
 
 
-def build_records(engine: "Engine") -> pd.DataFrame:
+def build_records(engine: Any) -> pd.DataFrame:
     """Per-request records of ``engine`` (after its run): arrival, identity, tokens, new blocks,
     TTFT, latency, preemptions; columns and dtypes :data:`RECORD_COLUMNS`.
 
     Args:
-        engine: an :class:`~prefixshield.simulator.engine.Engine`; read are its trace's
-            ``request_id``, ``role`` and ``measured`` columns, and its per-request arrays
-            (``arrival_s``, ``group_id``, ``contract_id``, ``prefix_id``, ``prompt_tokens``,
-            ``cached_tokens``, ``num_new_blocks``, ``output_tokens``, ``first_token_s``,
-            ``finish_s``, ``num_preemptions``) and name lists (``groups``, ``contracts``).
+        engine: a finished :class:`~prefixshield.simulator.engine.Engine`, or any object with
+            the same plain data (this module does not import the engine, which imports it):
+            read are its trace's ``request_id``, ``role`` and ``measured`` columns, and its
+            per-request arrays (``arrival_s``, ``group_id``, ``contract_id``, ``prefix_id``,
+            ``prompt_tokens``, ``cached_tokens``, ``num_new_blocks``, ``output_tokens``,
+            ``first_token_s``, ``finish_s``, ``num_preemptions``) and name lists (``groups``,
+            ``contracts``).
 
     Returns:
         The same frame as ``pd.DataFrame({...})`` over those arrays (see the module docstring:

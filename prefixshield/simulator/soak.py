@@ -27,7 +27,7 @@ from prefixshield.policies import POLICIES, make_policy
 from prefixshield.policies.base import COMPAT_MODES
 from prefixshield.simulator.blockpool import BlockPool
 from prefixshield.simulator.kvcache import KVCacheManager, make_sequence
-from prefixshield.traces.contracts import DEFAULT_CONTRACTS
+from prefixshield.tenancy import DEFAULT_CONTRACTS
 
 GROUPS = ("g0", "g1", "g2", "g3")
 BLOCK_SIZE = 4

@@ -1,7 +1,7 @@
 """Traces: the request schema, importers of public traces, Parquet I/O.
 
 - :mod:`.schema`: ``Trace``, ``TRACE_COLUMNS``, ``TraceError``.
-- :mod:`.contracts`: ``Contract``, ``DEFAULT_CONTRACTS``.
+- ``Contract``, ``DEFAULT_CONTRACTS``: from :mod:`prefixshield.tenancy`, named here too.
 - :mod:`.segments`: segment-id namespaces per (group, kind).
 - :mod:`.tokens`: deterministic token ids of segments (numba; imported on demand).
 - :mod:`.rows`: ``RequestRows``, the row accumulator of generators and importers.
@@ -17,11 +17,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
+from prefixshield.tenancy import DEFAULT_CONTRACTS, Contract
 from prefixshield.traces.schema import TRACE_COLUMNS, Trace, TraceError
 
 # Importers and Parquet I/O load on first use (PEP 562): every layer imports this package (for
-# ``Contract``), and ``.io`` pulls in pyarrow.parquet with its file systems and ssl, ~0.01 CPU-s
+# ``Trace``), and ``.io`` pulls in pyarrow.parquet with its file systems and ssl, ~0.01 CPU-s
 # of every `prefixshield run` that reads and writes no file.
 _LAZY = {"import_azure": "importers", "import_mooncake": "importers",
          "import_sharegpt": "importers", "read_trace": "io", "write_trace": "io"}

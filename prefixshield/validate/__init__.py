@@ -1,22 +1,14 @@
-"""Live mode: the simulator's policies inside a real vLLM engine, and sim-vs-live reports.
+"""Validation: the same trace on a real vLLM (:mod:`prefixshield.live`) and in the simulator,
+and the sim-vs-live reports.
 
-* :mod:`~prefixshield.validate.tinymodel` — random-weight models with a named architecture
-  (tiny Qwen2 for CPU tests; the public Qwen2.5-1.5B/7B shapes), written locally.
-* :mod:`~prefixshield.validate.plugin` — the vLLM plugin (entry point group
-  ``vllm.general_plugins``): a ``BlockPool`` whose victim selection is a prefixshield policy.
-* :mod:`~prefixshield.validate.live` — replay a trace on an in-process vLLM with a policy.
-* :mod:`~prefixshield.validate.compare` — the same trace in the simulator; the
-  ``Metric / vLLM / Sim / Diff%`` report (Markdown, CSV, JSON).
-* :mod:`~prefixshield.validate.forcing` — the logits processor that makes the live model
-  generate the simulator's output tokens.
-* :mod:`~prefixshield.validate.steptimes` — step-time replay (the simulator priced with the
+* :mod:`~prefixshield.validate.compare` -- the trace in the simulator beside its live replay;
+  the ``Metric / vLLM / Sim / Diff%`` report (Markdown, CSV, JSON).
+* :mod:`~prefixshield.validate.steptimes` -- step-time replay (the simulator priced with the
   live engine's recorded steps) and the profile's step-time residuals.
-* :mod:`~prefixshield.validate.matrix` — ``validate`` over workloads x policies x modes.
-* :mod:`~prefixshield.validate.kvdriver`, :mod:`~prefixshield.validate.kvcalls` — drive vLLM's
-  ``KVCacheManager`` without a model (differential tests, benchmarks).
+* :mod:`~prefixshield.validate.matrix` -- ``validate`` over workloads x policies x modes.
+* :mod:`~prefixshield.validate.vllm_entry` -- the ``vllm.general_plugins`` entry point: installs
+  :mod:`prefixshield.live.plugin` in every vLLM engine process when ``PREFIXSHIELD_POLICY`` is
+  set.
 
-Only this package imports vLLM: ``plugin`` at import time (it subclasses vLLM's classes),
-``live`` when an engine is built; ``tinymodel`` needs ``torch``/``transformers``/``safetensors``
-(vLLM's dependencies) when it writes. Importing ``prefixshield.validate``, ``live`` or
-``compare`` needs nothing beyond the core dependencies.
+Importing ``prefixshield.validate`` or ``compare`` needs nothing beyond the core dependencies.
 """

@@ -175,7 +175,7 @@ def _sim_eviction_counts(result: RunResult) -> tuple[dict, dict]:
 def compare(live, sim: RunResult, config: EngineConfig, cost: CostModel,
             sim_steps: RunResult | None = None, step_cost=None,
             cost_source: dict | None = None) -> ComparisonReport:
-    """Build the report from a :class:`~prefixshield.validate.live.LiveResult` and the
+    """Build the report from a :class:`~prefixshield.live.engine.LiveResult` and the
     simulator's :class:`RunResult` of the same trace (rows matched by ``request_id``).
 
     Args:
@@ -513,7 +513,7 @@ def write_report(report: ComparisonReport, out_dir: str | Path,
 
 
 def calibrate_engine(engine, grid=None, progress=None):
-    """Measure a cost model on ``engine`` (a :class:`~prefixshield.validate.live.LiveEngine`)
+    """Measure a cost model on ``engine`` (a :class:`~prefixshield.live.engine.LiveEngine`)
     now, with :meth:`~prefixshield.calibrate.measure.CalibrationGrid.for_validation` unless
     ``grid`` is given; returns ``(fit, measurement, source)`` where ``source`` describes it for
     a report's ``cost_source``."""
@@ -543,14 +543,14 @@ def validate(trace: Trace, policy_name: str, model_dir: str, num_blocks: int,
     ``out_dir`` if given.
 
     Args:
-        engine: reuse this :class:`~prefixshield.validate.live.LiveEngine` (its own engine
+        engine: reuse this :class:`~prefixshield.live.engine.LiveEngine` (its own engine
             settings, forced outputs included, then apply); None: start one and close it.
         calibrate: measure the cost model on the engine right before the replay
             (:func:`calibrate_engine`) and simulate with it instead of ``cost``.
         cost_source: where ``cost`` came from, recorded in the report.
         force_outputs: have the live model generate the simulator's output tokens.
     """
-    from prefixshield.validate.live import LiveEngine, LiveEngineConfig
+    from prefixshield.live.engine import LiveEngine, LiveEngineConfig
 
     own = engine is None
     if own:

@@ -154,8 +154,8 @@ def _policy(spec: str) -> tuple[str, dict]:
 
 
 def start_engine(cell: ValidationCell, model_dir: str | Path, force_outputs: bool = True):
-    """A :class:`~prefixshield.validate.live.LiveEngine` with ``cell``'s engine settings."""
-    from prefixshield.validate.live import LiveEngine, LiveEngineConfig
+    """A :class:`~prefixshield.live.engine.LiveEngine` with ``cell``'s engine settings."""
+    from prefixshield.live.engine import LiveEngine, LiveEngineConfig
 
     return LiveEngine(LiveEngineConfig(model_dir=str(model_dir), num_blocks=cell.num_blocks,
                                        block_size=cell.block_size,
@@ -166,7 +166,7 @@ def start_engine(cell: ValidationCell, model_dir: str | Path, force_outputs: boo
 
 def ensure_model(model_dir: str | Path | None, out_dir: str | Path) -> Path:
     """``model_dir``, or a tiny-qwen2 written once to ``out_dir/model``."""
-    from prefixshield.validate.tinymodel import write_tiny_model
+    from prefixshield.live.tinymodel import write_tiny_model
 
     if model_dir is not None:
         return Path(model_dir)
@@ -199,8 +199,8 @@ def run_cell(cell: ValidationCell, out_dir: str | Path, profile: str | None = No
     """
     from prefixshield.simulator.costmodel import Profile, load_profile
     from prefixshield.validate.compare import calibrate_engine, compare_with_sim, write_report
-    from prefixshield.validate.live import LiveError
-    from prefixshield.validate.plugin import PluginError
+    from prefixshield.live.engine import LiveError
+    from prefixshield.live.plugin import PluginError
 
     if calibrate == (profile is not None):
         raise ValueError("give exactly one of a profile or calibrate=True")

@@ -1,6 +1,6 @@
 """Step-time replay: separate the simulator's scheduler/queueing error from its cost-model error.
 
-The live replay records every engine step it ran (:class:`~prefixshield.validate.live.
+The live replay records every engine step it ran (:class:`~prefixshield.live.engine.
 StepRecorder`: the step's charged wall seconds and its cost-model features). Replaying the trace
 in the simulator with :class:`RecordedStepTimes` as its cost model gives the k-th simulated step
 the k-th live step's seconds, so whatever TTFT difference remains comes from the scheduler and
@@ -38,7 +38,7 @@ class RecordedStepTimes:
     ``fallback``. Every call's features are kept for :meth:`comparison`.
 
     Args:
-        steps: the live steps (:data:`~prefixshield.validate.live.STEP_COLUMNS`), in order.
+        steps: the live steps (:data:`~prefixshield.live.engine.STEP_COLUMNS`), in order.
         fallback: the cost model for steps the recording does not have.
     """
 

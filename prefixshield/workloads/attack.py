@@ -40,7 +40,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
+from prefixshield.tenancy import DEFAULT_CONTRACTS, Contract
 from prefixshield.traces.rows import RequestRows
 from prefixshield.traces.schema import Trace
 from prefixshield.workloads.base import (STREAM_ATTACKER, STREAM_VICTIM, PrefixParams,

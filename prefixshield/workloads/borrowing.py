@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefixshield.traces.contracts import DEFAULT_CONTRACTS
+from prefixshield.tenancy import DEFAULT_CONTRACTS
 from prefixshield.traces.rows import RequestRows
 from prefixshield.traces.schema import Trace
 from prefixshield.workloads.base import STREAM_ACTIVE, PrefixParams, add_cyclic_stream, check

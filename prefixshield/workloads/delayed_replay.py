@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prefixshield.traces.contracts import Contract
+from prefixshield.tenancy import Contract
 from prefixshield.traces.rows import RequestRows
 from prefixshield.traces.schema import Trace
 from prefixshield.workloads.attack import (GI_ATTACKER, GI_NEUTRAL, AttackParams, attack_meta,

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, Callable, Mapping
 
 from prefixshield.lazyregistry import LazyRegistry
-from prefixshield.traces.contracts import Contract
+from prefixshield.tenancy import Contract
 from prefixshield.traces.schema import Trace
 
 WORKLOAD_MODULES: dict[str, str] = {
@@ -24,10 +24,13 @@ WORKLOAD_MODULES: dict[str, str] = {
 (:func:`register`). A module is imported the first time its workload is looked up, so a run of
 one workload does not build the others' params dataclasses at start-up."""
 
-WORKLOADS = LazyRegistry("workload", WORKLOAD_MODULES, duplicate=RuntimeError)
+WORKLOADS = LazyRegistry("workload", WORKLOAD_MODULES, duplicate=RuntimeError,
+                         group="prefixshield.workloads")
 """Workload name -> generator ``fn(params=None) -> Trace``; ``fn.params_type`` is its params
 dataclass. A read-only mapping: each workload module decorates its generator with
-:func:`register`, and is imported on the first look-up of its name."""
+:func:`register`, and is imported on the first look-up of its name. Other installed packages add
+workloads in the entry-point group ``prefixshield.workloads`` (see
+:mod:`prefixshield.lazyregistry`)."""
 
 
 def register(name: str, params_type: type) -> Callable[[Callable], Callable]:

@@ -3,7 +3,8 @@
 import pytest
 from click.testing import CliRunner
 
-from prefixshield.cli import _policy_names, main
+from prefixshield.cli import main
+from prefixshield.cli.common import _policy_names
 from prefixshield.experiments.cells import resolve_contracts, resolve_policy, run_spec
 from prefixshield.experiments.overrides import parse_overrides
 from prefixshield.experiments.spec import (Experiment, SpecError, experiment_from_dict,

@@ -33,7 +33,7 @@ BLOCK_SIZE = 32
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """The tiny random Qwen2 model, written once per session."""
-    from prefixshield.validate.tinymodel import write_tiny_model
+    from prefixshield.live.tinymodel import write_tiny_model
 
     return str(write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen2", seed=0))
 
@@ -41,7 +41,7 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def live_engine(tiny_model_dir):
     """One in-process vLLM engine (40 blocks of 32 tokens, 8 sequences) for every live test."""
-    from prefixshield.validate.live import LiveEngine, LiveEngineConfig
+    from prefixshield.live.engine import LiveEngine, LiveEngineConfig
 
     eng = LiveEngine(LiveEngineConfig(tiny_model_dir, num_blocks=NUM_BLOCKS,
                                       block_size=BLOCK_SIZE, max_num_seqs=8))

@@ -15,7 +15,7 @@ import pytest
 from prefixshield.simulator.costmodel import CostModel
 from prefixshield.traces.schema import Trace
 from prefixshield.validate.compare import calibrate_engine, compare_with_sim, write_report
-from prefixshield.validate.live import STEP_COLUMNS, LiveError
+from prefixshield.live.engine import STEP_COLUMNS, LiveError
 
 COST = CostModel(a_s=1e-3, b_s_per_prefill_token=5e-6, c_s_per_decode_seq=2e-4,
                  d_s_per_context_token=1e-8)
@@ -167,7 +167,7 @@ def test_a_request_the_policy_can_never_admit_is_an_error_not_a_hang(live_engine
 
 FORCING_OFF_SCRIPT = """
 import sys
-from prefixshield.validate.live import LiveEngine, LiveEngineConfig, LiveError
+from prefixshield.live.engine import LiveEngine, LiveEngineConfig, LiveError
 from prefixshield.workloads import generate
 trace = generate("one_touch", num_blocks=40, block_size=32, prefix_tokens=128,
                  suffix_tokens=(8, 40), duration_s=2.0, base_rate=2.0, output_tokens=(2, 6),

@@ -13,10 +13,10 @@ from prefixshield.policies import POLICIES
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import CostModel
 from prefixshield.traces.schema import Trace
-from prefixshield.validate import plugin
+from prefixshield.live import plugin
 from prefixshield.validate.compare import (compare_with_sim, serialize_trace, simulate,
                                            write_report)
-from prefixshield.validate.live import LiveError
+from prefixshield.live.engine import LiveError
 
 # A cost model in the tiny CPU model's range (a step takes ~1-10 ms here). Only TTFT depends on
 # it; with small coefficients the serialized simulated arrivals stay at the live submission times.
@@ -38,7 +38,7 @@ def serialized_run(live_engine, trace, policy):
 def test_vllm_instantiated_our_pool(live_engine):
     facts = live_engine.facts()
     assert isinstance(live_engine.pool, plugin.PolicyBlockPool)
-    assert facts["pool_class"] == "prefixshield.validate.plugin.PolicyBlockPool"
+    assert facts["pool_class"] == "prefixshield.live.plugin.PolicyBlockPool"
     assert (facts["num_gpu_blocks"], facts["block_size"]) == (40, 32)
     assert facts["attention_backend"] == "CPU_ATTN" or facts["device"].startswith("NVIDIA")
     assert facts["vllm_version"] in plugin.TESTED_VLLM_VERSIONS

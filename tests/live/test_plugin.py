@@ -12,8 +12,8 @@ import pytest
 from vllm_kv_driver import SALTS, Side, run_stream
 
 from prefixshield.policies import POLICIES
-from prefixshield.traces.contracts import DEFAULT_CONTRACTS
-from prefixshield.validate import plugin
+from prefixshield.tenancy import DEFAULT_CONTRACTS
+from prefixshield.live import plugin
 
 GROUPS = ["default", "tenant-a", "tenant-b"]
 

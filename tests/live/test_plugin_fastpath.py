@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from vllm_kv_driver import Side, run_stream
 
-from prefixshield.validate import plugin
+from prefixshield.live import plugin
 
 GROUPS = ["default", "tenant-a", "tenant-b"]
 

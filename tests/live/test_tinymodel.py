@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from prefixshield.validate.tinymodel import (ARCHS, MARKER_FILE, head_dim, model_config,
+from prefixshield.live.tinymodel import (ARCHS, MARKER_FILE, head_dim, model_config,
                                              num_parameters, parameter_shapes, write_tiny_model)
 
 

@@ -17,7 +17,7 @@ from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import load_profile
 from prefixshield.simulator.engine import Engine
 from prefixshield.simulator.kvcache import KVCacheManager
-from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
+from prefixshield.tenancy import DEFAULT_CONTRACTS, Contract
 from prefixshield.workloads import generate
 
 A, B, C = 0, 1, 2

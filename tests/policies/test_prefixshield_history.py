@@ -9,7 +9,7 @@ from numba import njit
 
 from prefixshield.policies import make_policy
 from prefixshield.policies.kernels import prefixshield_kernels as K
-from prefixshield.traces.contracts import DEFAULT_CONTRACTS
+from prefixshield.tenancy import DEFAULT_CONTRACTS
 
 
 @njit

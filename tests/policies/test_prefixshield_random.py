@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from prefixshield.policies import make_policy
 from prefixshield.policies.reference.prefixshield import ReferencePrefixShield
-from prefixshield.traces.contracts import Contract
+from prefixshield.tenancy import Contract
 
 ADVANCE, ALLOC, HIT, RELEASE, FOREIGN, REQUEST = range(6)
 

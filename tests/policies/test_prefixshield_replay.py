@@ -10,7 +10,7 @@ from prefixshield.policies import make_policy
 from prefixshield.policies.kernels import prefixshield_kernels as K
 from prefixshield.policies.reference.prefixshield import ReferencePrefixShield
 from prefixshield.simulator.cachedriver import replay_keys
-from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
+from prefixshield.tenancy import DEFAULT_CONTRACTS, Contract
 
 from policies.test_prefixshield_random import ADVANCE, REQUEST, assert_same_state, run_ops
 

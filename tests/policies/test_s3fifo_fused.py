@@ -8,7 +8,7 @@ from numba import types
 from numba.typed import Dict
 
 from prefixshield.policies import make_policy
-from prefixshield.traces.contracts import DEFAULT_CONTRACTS
+from prefixshield.tenancy import DEFAULT_CONTRACTS
 
 
 def fresh(capacity: int, compat: str = "current", **kw):

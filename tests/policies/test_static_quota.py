@@ -6,7 +6,7 @@ from helpers import make_request, schedule
 from prefixshield.policies import make_policy
 from prefixshield.simulator.blockpool import BlockPool
 from prefixshield.simulator.kvcache import KVCacheManager
-from prefixshield.traces.contracts import DEFAULT_CONTRACTS
+from prefixshield.tenancy import DEFAULT_CONTRACTS
 
 
 def make_quota_manager(num_blocks=9, groups=("a", "b")):

@@ -1,6 +1,6 @@
 """The live mode's forced output ids are the simulator's own output tokens, row for row.
 
-The live engine is told to generate :func:`prefixshield.validate.forcing.output_token_ids`;
+The live engine is told to generate :func:`prefixshield.live.forcing.output_token_ids`;
 multi-turn agreement with vLLM rests on those being exactly the ids the simulator hashes into
 its decode blocks."""
 
@@ -13,7 +13,7 @@ from prefixshield.policies import make_policy
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import CostModel
 from prefixshield.simulator.engine import Engine
-from prefixshield.validate.forcing import output_token_ids
+from prefixshield.live.forcing import output_token_ids
 from prefixshield.workloads import generate
 
 COST = CostModel(a_s=1e-3, b_s_per_prefill_token=5e-6, c_s_per_decode_seq=2e-4,

@@ -12,7 +12,7 @@ import pytest
 
 from _trace_helpers import full_blocks, rows, segment_lengths_by_id
 from prefixshield import workloads as gen
-from prefixshield.traces.contracts import DEFAULT_CONTRACTS
+from prefixshield.tenancy import DEFAULT_CONTRACTS
 from prefixshield.traces.conversations import sharegpt_turns
 from prefixshield.traces.segments import LOCAL_BITS, NUM_KINDS, SegmentKind
 from prefixshield.workloads import (WORKLOADS, BorrowingParams, DelayedReplayParams,

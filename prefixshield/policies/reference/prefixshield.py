@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from prefixshield.policies.base import Policy
-from prefixshield.traces.contracts import Contract
+from prefixshield.tenancy import Contract
 
 PROBATIONARY, NORMAL, REUSE = 0, 1, 2
 

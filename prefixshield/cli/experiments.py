@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from prefixshield.cli import _policy_names, _user_errors, console, main
+from prefixshield.cli.common import _policy_names, _user_errors, console
 
 
 def _executor_options(fn):
@@ -120,7 +120,7 @@ def _command_line() -> str:
 
 
 # ---------------------------------------------------------------------------------------- sweep
-@main.command()
+@click.command()
 @click.argument("workload", required=False)
 @click.option("--policy", "-p", "policies", multiple=True, default=("lru", "prefixshield"),
               show_default=True,
@@ -197,7 +197,7 @@ def sweep(workload, policies, grid, fixed, spec_file, seeds, name, records, out_
 
 
 # ---------------------------------------------------------------------------------------- reproduce
-@main.command()
+@click.command()
 @click.option("--quick", is_flag=True,
               help="3 seeds and a 20 s measured phase (every experiment and point kept): for CI.")
 @click.option("--seeds", type=int, default=None,
@@ -211,7 +211,7 @@ def sweep(workload, policies, grid, fixed, spec_file, seeds, name, records, out_
 @_executor_options
 @_user_errors
 def reproduce(quick, seeds, compat, profile, out_dir, executor, workers, address):
-    """Regenerate the whole evaluation (DESIGN §9) into OUT.
+    """Regenerate the whole evaluation (every named experiment) into OUT.
 
     The attack table with no-attack controls, the benign and borrowing tables, the capacity,
     pressure, load and profile sweeps, the segmentation and delayed-replay ablations and the
@@ -239,7 +239,7 @@ def reproduce(quick, seeds, compat, profile, out_dir, executor, workers, address
 
 
 # ---------------------------------------------------------------------------------------- report
-@main.command()
+@click.command()
 @click.argument("store_dir", type=click.Path(file_okay=False))
 @click.option("--quiet", is_flag=True, help="Do not print the paired tables.")
 @_user_errors
@@ -259,7 +259,7 @@ def report(store_dir, quiet):
 
 
 # ---------------------------------------------------------------------------------------- regress
-@main.command()
+@click.command()
 @click.argument("baseline_dir", type=click.Path(file_okay=False))
 @click.option("--tol", "tolerances", multiple=True, metavar="METRIC=TOL",
               help="Explicit tolerance for a metric, absolute (e.g. hit_ratio=0.005); metrics "

@@ -3,14 +3,14 @@
 The engine is vLLM's offline ``LLMEngine`` in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
 with prefix caching, ``num_gpu_blocks_override = num_blocks``, token-id prompts and
 ``skip_tokenizer_init=True``, eager mode; the block pool is the plugin's
-:class:`~prefixshield.validate.plugin.PolicyBlockPool` (the plugin is installed here directly,
+:class:`~prefixshield.live.plugin.PolicyBlockPool` (the plugin is installed here directly,
 entry point or not, and the class vLLM instantiated is checked). Each trace row becomes one
 request: prompt token ids from its segments (:func:`prefixshield.traces.tokens.prompt_token_ids`
 with the trace's seed and vocabulary), ``cache_salt = group``, and
 ``SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, temperature=0,
 extra_args={"prefixshield_contract": contract, "prefixshield_prefix_id": prefix_id,
 "prefixshield_forced_output": ids})``: with ``force_outputs`` (the default) the engine runs
-:class:`~prefixshield.validate.forcing.ForcedOutputLogitsProcessor`, so each request generates
+:class:`~prefixshield.live.forcing.ForcedOutputLogitsProcessor`, so each request generates
 exactly the output token ids the simulator gives it, and a later turn that quotes an earlier
 turn's output hits the same decode blocks in both worlds (the replay checks every generated id).
 Every engine step that scheduled work is recorded (:class:`StepRecorder`) for the step-time
@@ -65,7 +65,7 @@ import pandas as pd
 
 from prefixshield.traces.schema import Trace
 from prefixshield.traces.tokens import prompt_token_ids
-from prefixshield.validate.forcing import EXTRA_FORCED_OUTPUT, output_token_ids
+from prefixshield.live.forcing import EXTRA_FORCED_OUTPUT, output_token_ids
 
 
 class LiveError(RuntimeError):
@@ -78,7 +78,7 @@ class LiveEngineConfig:
 
     Attributes:
         model_dir: model directory (e.g. from
-            :func:`~prefixshield.validate.tinymodel.write_tiny_model`).
+            :func:`~prefixshield.live.tinymodel.write_tiny_model`).
         num_blocks: KV blocks, null block included (``num_gpu_blocks_override``).
         block_size: tokens per block (a multiple of 32 on the CPU backend).
         max_num_seqs: most running requests.
@@ -89,7 +89,7 @@ class LiveEngineConfig:
         cpu_threads: torch threads on the CPU backend (None: leave the process setting). One
             thread keeps step times stable on a shared machine: with two, a step waits ~100 ms
             whenever another process holds the other core.
-        force_outputs: install :class:`~prefixshield.validate.forcing.ForcedOutputLogitsProcessor`
+        force_outputs: install :class:`~prefixshield.live.forcing.ForcedOutputLogitsProcessor`
             so every replayed request generates exactly the simulator's output token ids (False:
             the model's own greedy tokens; only their number is forced).
         llm_kwargs: further ``vllm.LLM`` keyword arguments.
@@ -113,7 +113,7 @@ class LiveEngineConfig:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
         if not (Path(self.model_dir) / "config.json").is_file():
             raise LiveError(f"{self.model_dir}: no config.json (write one with "
-                            "prefixshield.validate.tinymodel.write_tiny_model)")
+                            "prefixshield.live.tinymodel.write_tiny_model)")
 
     def model_config(self) -> dict:
         """The model's ``config.json``."""
@@ -142,7 +142,7 @@ class LiveResult:
         serialize: submission mode.
         facts: engine facts (see :meth:`LiveEngine.facts`).
         pool_stats: the pool's
-            :meth:`~prefixshield.validate.plugin.PolicyBlockPool.prefixshield_stats`.
+            :meth:`~prefixshield.live.plugin.PolicyBlockPool.prefixshield_stats`.
         wall_s: seconds the replay took.
         steps: one row per engine step that scheduled work (see :class:`StepRecorder`).
     """
@@ -255,8 +255,8 @@ class LiveEngine:
         import torch
         from vllm import LLM
 
-        from prefixshield.validate.vllm_workarounds import guard_llvmlite_for_vllm
-        from prefixshield.validate import plugin
+        from prefixshield.live.vllm_workarounds import guard_llvmlite_for_vllm
+        from prefixshield.live import plugin
 
         guard_llvmlite_for_vllm()
         self._was_installed = plugin.is_installed()
@@ -280,7 +280,7 @@ class LiveEngine:
                       max_model_len=config.resolved_max_model_len(), enforce_eager=True,
                       gpu_memory_utilization=0.2 if cpu else 0.9, seed=0)
         if config.force_outputs:
-            from prefixshield.validate.forcing import make_processor_class
+            from prefixshield.live.forcing import make_processor_class
 
             kwargs["logits_processors"] = [make_processor_class()]
         kwargs.update(config.llm_kwargs)

@@ -1,6 +1,6 @@
 """``prefixshield bench``: the speed figures of :mod:`prefixshield.bench`, one table per section.
 
-Registered on the main group by the last lines of :mod:`prefixshield.cli`.
+Added to the main group by :mod:`prefixshield.cli`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import click
 from rich.table import Table
 
-from prefixshield.cli import _user_errors, console, main
+from prefixshield.cli.common import _user_errors, console
 
 
 def _table(result) -> Table:
@@ -22,7 +22,7 @@ def _table(result) -> Table:
     return table
 
 
-@main.command()
+@click.command()
 @click.option("--quick", is_flag=True,
               help="A smoke run: small traces and few repeats (seconds, not minutes); the "
                    "sections that need vLLM (pool, plugin) are skipped. Its numbers are not "

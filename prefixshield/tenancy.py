@@ -1,8 +1,12 @@
-"""Service contracts: the creation entitlement ``(rho blocks/s, beta blocks)`` of a group's tier.
+"""Tenancy: service contracts, the creation entitlement ``(rho blocks/s, beta blocks)`` of a
+group's tier.
 
-DESIGN §2: a contract gives a group a token bucket that refills at ``rho_blocks_per_s`` up to
-``beta_blocks``. Traces name a contract per request (column ``contract``); the policies look the
-name up here unless they are configured with custom contracts.
+A tenant (a *group*: its blocks are never shared with another group) is served under a contract:
+a token bucket that refills at ``rho_blocks_per_s`` up to ``beta_blocks``. Traces name a contract
+per request (column ``contract``); the policies that meter creation (PrefixShield) look the name
+up here unless they are configured with custom contracts. This module sits at the bottom of the
+package: traces, workloads, policies, the simulator and the vLLM plugin all import it, and it
+imports none of them.
 """
 
 from __future__ import annotations
@@ -40,5 +44,5 @@ DEFAULT_CONTRACTS: Mapping[str, Contract] = MappingProxyType({
     "standard": Contract("standard", 40.0, 192.0),
     "best_effort": Contract("best_effort", 16.0, 128.0),
 })
-"""The default tiers of DESIGN §2 (read-only): critical (64 blocks/s, 256 blocks), standard
+"""The default tiers (read-only): critical (64 blocks/s, 256 blocks), standard
 (40, 192), best_effort (16, 128)."""

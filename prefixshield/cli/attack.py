@@ -13,7 +13,7 @@ import sys
 import click
 from rich.table import Table
 
-from prefixshield.cli import _policy_names, _user_errors, console, main
+from prefixshield.cli.common import _policy_names, _user_errors, console
 
 
 def _budget(items: tuple[str, ...]) -> dict:
@@ -73,7 +73,7 @@ def _space_names() -> set[str]:
     return {d.name for d in SPACE}
 
 
-@main.command("attack-search")
+@click.command("attack-search")
 @click.option("--policy", "-p", "policies", multiple=True, default=("all",), show_default=True,
               help="Policies to search against (names, 'all', or NAME:KEY=VALUE specs); each "
                    "gets its own search.")

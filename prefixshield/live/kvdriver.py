@@ -27,8 +27,8 @@ from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,  # noq
                                         KVCacheGroupSpec)
 from vllm.v1.request import Request  # noqa: E402
 
-from prefixshield.validate import plugin  # noqa: E402
-from prefixshield.validate.kvcalls import ManagerCalls  # noqa: E402
+from prefixshield.live import plugin  # noqa: E402
+from prefixshield.live.kvcalls import ManagerCalls  # noqa: E402
 
 SALTS = (None, "tenant-a", "tenant-b")
 CONTRACTS = ("standard", "best_effort", "critical")
@@ -36,7 +36,7 @@ CONTRACTS = ("standard", "best_effort", "critical")
 
 class Side(ManagerCalls):
     """One vLLM ``KVCacheManager`` with prefix caching and one full-attention group (chunks,
-    decode tokens, frees and block tables: :class:`~prefixshield.validate.kvcalls.ManagerCalls`).
+    decode tokens, frees and block tables: :class:`~prefixshield.live.kvcalls.ManagerCalls`).
 
     Args:
         num_blocks: pool size, null block included.

@@ -123,14 +123,14 @@ import vllm.v1.core.sched.scheduler as _scheduler_module
 from vllm.v1.core.block_pool import BlockPool as _VllmBlockPool
 from vllm.v1.core.kv_cache_manager import KVCacheManager as _VllmKVCacheManager
 
+from prefixshield.live.vllm_workarounds import guard_llvmlite_for_vllm
 from prefixshield.policies import POLICIES, Policy, make_policy
-from prefixshield.traces.contracts import DEFAULT_CONTRACTS, Contract
-from prefixshield.validate.vllm_workarounds import guard_llvmlite_for_vllm
+from prefixshield.tenancy import DEFAULT_CONTRACTS, Contract
 
 # The policies just loaded numba (llvmlite), which vLLM's CPU worker start-up trips over.
 guard_llvmlite_for_vllm()
 
-logger = logging.getLogger("prefixshield.validate.plugin")
+logger = logging.getLogger("prefixshield.live.plugin")
 
 ENV_POLICY = "PREFIXSHIELD_POLICY"
 ENV_POLICY_ARGS = "PREFIXSHIELD_POLICY_ARGS"

@@ -1,0 +1,200 @@
+"""What every command of the command line shares: the console, the error handling, the policy
+and workload option parsing, and how a command loads its modules.
+
+The command modules (:mod:`.run`, :mod:`.trace`, :mod:`.live`, :mod:`.experiments`,
+:mod:`.attack`, :mod:`.bench`) import this module; it imports none of them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import gc
+import os
+import sys
+
+from prefixshield.machine import START_ENV  # noqa: E402  (imports nothing heavy)
+
+for _name, _value in START_ENV.items():
+    os.environ.setdefault(_name, _value)
+
+import click  # noqa: E402
+from rich.console import Console  # noqa: E402
+
+
+def _make_console() -> Console:
+    """The CLI's console: piped output (CI logs, files) gets a wide fixed width so tables are not
+    squeezed to 80 columns; without colours, no highlighting."""
+    width = None if sys.stdout.isatty() else 160
+    out = Console(width=width)
+    if out.color_system is None:
+        # Without a colour system highlighting only computes styles that are never written (the
+        # text is identical); compiling rich's highlighter regexes and matching them cost ~5 ms
+        # of the ~0.1 CPU-s our own code takes in `prefixshield run`.
+        out = Console(width=width, highlight=False)
+    return out
+
+
+console = _make_console()
+
+SEED = click.IntRange(0, 2 ** 63 - 1)
+"""Seeds are non-negative 64-bit integers (numpy's seed sequences and the token hash take them)."""
+POSITIVE = click.IntRange(min=1)
+
+# Errors that are the user's input, not our bugs: shown as one line.
+_USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, FileNotFoundError,
+                                                 OSError)
+
+
+def _user_errors(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with _loading():  # numpy, pandas, simpy, numba
+            from prefixshield.simulator.engine import EngineError
+
+        try:
+            return fn(*args, **kwargs)
+        except (EngineError, *_USER_ERRORS) as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+            raise click.ClickException(msg) from None
+    return wrapper
+
+
+def _policy_names(values: tuple[str, ...]) -> tuple[str, ...]:
+    """Expand 'all' and comma-separated lists that mix plain names and specs with constructor
+    arguments: ``lru,prefixshield:segmentation=false,debt_gate=false,s3fifo`` is three policies
+    (a comma starts a new policy unless what follows is a ``key=value`` of the spec before)."""
+    from prefixshield.policies import POLICIES
+
+    names: list[str] = []
+    for v in values:
+        specs: list[str] = []
+        for part in v.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            head = part.partition(":")[0]
+            if specs and ":" in specs[-1] and "=" in part and ":" not in part \
+                    and head not in POLICIES:
+                specs[-1] += "," + part  # another key=value of the previous spec
+            else:
+                specs.append(part)
+        for name in specs:
+            if name == "all":
+                names.extend(sorted(POLICIES))
+            else:
+                names.append(name)
+    return tuple(dict.fromkeys(names))
+
+
+def _workload_overrides(workload: str, overrides: tuple[str, ...]) -> dict:
+    """Check WORKLOAD (a generated workload or a trace file) and type its ``--set`` items."""
+    from prefixshield.experiments.overrides import parse_overrides
+    from prefixshield.experiments.single import is_trace_file
+    from prefixshield.workloads import WORKLOADS
+
+    if not is_trace_file(workload) and workload not in WORKLOADS:
+        raise click.BadParameter(f"unknown workload {workload!r}; known: {_workload_names()} "
+                                 "(or a .parquet trace file)", param_hint="WORKLOAD")
+    if not overrides:
+        return {}
+    if is_trace_file(workload):
+        raise click.BadParameter("--set applies to generated workloads, not trace files",
+                                 param_hint="--set")
+    return parse_overrides(WORKLOADS[workload].params_type, overrides)
+
+
+def _workload_names() -> str:
+    from prefixshield.workloads import WORKLOADS
+
+    return ", ".join(sorted(WORKLOADS))
+
+
+class _Program(click.Group):
+    """The top-level group. Called as the program -- the console script and ``python -m
+    prefixshield`` call ``main()``, :class:`click.testing.CliRunner` calls ``main.main()`` -- it
+    also makes the interpreter's exit cheap.
+
+    At exit CPython runs its collector over every live object several times while it tears the
+    modules down; with numba, llvmlite, pandas and scipy loaded that was 0.35-0.45 CPU-s of every
+    command, a third of ``prefixshield run``. ``gc.freeze()`` in an exit handler moves those
+    objects out of the collector's reach first. Nothing is written later: atexit handlers
+    (Ray's, multiprocessing's, logging's, ``weakref.finalize``) all still run, standard streams
+    are still flushed, and memory goes back to the OS with the process; only ``__del__`` of
+    objects left in reference cycles is skipped, which Python never promised at exit.
+    """
+
+    running = False
+    """Set once the program runs: :func:`_loading` pauses the collector only then."""
+
+    def __call__(self, *args, **kwargs):
+        atexit.register(gc.freeze)
+        _Program.running = True
+        return super().__call__(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _loading():
+    """Import a command's modules with the collector paused, then freeze what they built.
+
+    Loading numpy, pandas, numba, simpy and our modules builds ~170,000 objects that live until
+    the process exits; with the collector on, ``prefixshield run`` collected ~370 times while they
+    loaded (twice over all of them), ~0.1 CPU-s, to find ~800 objects of garbage. Paused while
+    they load and moved out of the collector's reach after (``gc.freeze()``), they cost no
+    collection; what a command builds later is collected as usual. Only as the program (see
+    :class:`_Program`); in-process callers such as CliRunner keep their collector as it is.
+    """
+    if not (_Program.running and gc.isenabled()):
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.enable()
+
+
+def _load_numba_target() -> None:
+    """Load numba's CPU target, as a command's first kernel call (compiled or from the cache)
+    would: its registries and the ``scipy.linalg`` it imports to probe BLAS are ~56,000 objects
+    more, loaded here under :func:`_loading` (~110 collections fewer in `prefixshield run`)."""
+    from numba.core.registry import cpu_target
+
+    cpu_target.target_context.refresh()
+
+
+
+def _engine_options(fn):
+    opts = [
+        click.option("--blocks", "num_blocks", type=click.IntRange(min=2), default=512,
+                     show_default=True,
+                     help="KV blocks configured, null block included (usable = blocks - 1)."),
+        click.option("--block-size", type=POSITIVE, default=16, show_default=True,
+                     help="Tokens per KV block."),
+        click.option("--compat", "vllm_compat", type=click.Choice(["0.10", "current"]),
+                     default="current", show_default=True,
+                     help="vLLM free-queue/admission semantics to reproduce."),
+        click.option("--max-num-seqs", type=int, default=256, show_default=True,
+                     help="Most running requests per step."),
+        click.option("--max-num-batched-tokens", type=int, default=8192, show_default=True,
+                     help="Token budget per step (chunked prefill)."),
+        click.option("--profile", default="l4-qwen2.5-1.5b", show_default=True,
+                     help="Cost-model profile: a shipped name (see `prefixshield profiles`) or "
+                          "a .toml path."),
+    ]
+    for opt in reversed(opts):
+        fn = opt(fn)
+    return fn
+
+
+def _workload_options(fn):
+    """``--alpha`` and ``--set``: how a generated workload is sized and parameterized."""
+    fn = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                      help="Override a workload parameter (repeatable); e.g. "
+                           "--set duration_s=30.")(fn)
+    return click.option("--alpha", type=float, default=0.6, show_default=True,
+                        help="Nominal load: base arrival rate = alpha x C_prefill of the "
+                             "profile.")(fn)
+

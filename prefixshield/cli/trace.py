@@ -1,0 +1,157 @@
+"""``prefixshield trace generate | import | inspect``: request traces as Parquet files."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from prefixshield.cli.common import (POSITIVE, SEED, _user_errors, _workload_names,
+                                     _workload_options, console)
+
+
+@click.group()
+def trace() -> None:
+    """Generate, import and inspect request traces (Parquet)."""
+
+
+@trace.command("generate")
+@click.argument("workload")
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--seed", type=SEED, default=0, show_default=True)
+@click.option("--profile", default="l4-qwen2.5-1.5b", show_default=True)
+@click.option("--blocks", "num_blocks", type=click.IntRange(min=2), default=512,
+              show_default=True)
+@click.option("--block-size", type=POSITIVE, default=16, show_default=True)
+@_workload_options
+@_user_errors
+def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, overrides):
+    """Generate WORKLOAD and write it to OUT (.parquet)."""
+    from prefixshield.experiments.overrides import parse_overrides
+    from prefixshield.experiments.single import RunSpec, build_trace
+    from prefixshield.simulator.config import EngineConfig
+    from prefixshield.simulator.costmodel import load_profile
+    from prefixshield.traces.io import write_trace
+    from prefixshield.workloads import WORKLOADS
+
+    if workload not in WORKLOADS:
+        raise click.BadParameter(f"unknown workload {workload!r}; known: {_workload_names()}",
+                                 param_hint="WORKLOAD")
+    typed = parse_overrides(WORKLOADS[workload].params_type, overrides)
+    spec = RunSpec(workload=workload, policies=("lru",),
+                   engine=EngineConfig(num_blocks=num_blocks, block_size=block_size),
+                   profile=load_profile(profile), alpha=alpha, seed=seed, overrides=typed)
+    tr, _info = build_trace(spec)
+    write_trace(tr, out)
+    console.print(f"wrote {len(tr)} requests to {out}")
+
+
+@trace.command("import")
+@click.argument("fmt", type=click.Choice(["mooncake", "sharegpt", "azure"]))
+@click.argument("src", type=click.Path(dir_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Token seed.")
+@click.option("--groups", "num_groups", type=POSITIVE, default=1, show_default=True,
+              help="Spread requests over this many groups (see --assign).")
+@click.option("--assign", type=click.Choice(["round_robin", "session", "prefix", "zipf",
+                                            "servegen", "map"]),
+              default="round_robin", show_default=True,
+              help="Tenant model: round_robin (records in file order); session (keep a "
+                   "conversation, or a Mooncake prefix root, in one group); prefix (Mooncake: "
+                   "first hash id mod groups); zipf (units to groups with shares 1/(g+1)^skew: "
+                   "heterogeneous tenants); servegen (shares of real production clients, "
+                   "<= 8 groups); map (--tenant-map CSV record,group[,contract]).")
+@click.option("--tenant-skew", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True, help="--assign zipf: the exponent of the group shares.")
+@click.option("--tenant-map", type=click.Path(dir_okay=False), default=None,
+              help="--assign map: CSV with columns record,group[,contract].")
+@click.option("--time-scale", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True,
+              help="mooncake, azure: multiply arrival times (2 = half the request rate).")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="mooncake, azure: rescale arrival times (one factor, after --time-scale) to "
+                   "this mean rate in requests/s.")
+@click.option("--limit", type=POSITIVE, default=None, help="Import only the first N records.")
+@click.option("--warmup-s", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Requests arriving before this many seconds are not measured.")
+@click.option("--system-prompt-tokens", type=click.IntRange(min=0), default=0,
+              show_default=True,
+              help="azure, sharegpt: a shared system prompt of this many tokens per group at the "
+                   "head of every prompt (Azure's prompts are otherwise all unique).")
+@click.option("--max-prompt-tokens", type=POSITIVE, default=None,
+              help="Longest prompt kept (tokens); longer requests are handled by --over. Use "
+                   "it to fit a trace to a pool: (blocks - 1) x block size minus the output.")
+@click.option("--over", type=click.Choice(["drop", "clip"]), default="drop", show_default=True,
+              help="With --max-prompt-tokens: drop longer requests, or keep their first tokens.")
+@_user_errors
+def trace_import(fmt, src, out, seed, num_groups, assign, tenant_skew, tenant_map, time_scale,
+                 rate, limit, warmup_s, system_prompt_tokens, max_prompt_tokens, over):
+    """Convert an external trace SRC (Mooncake JSONL, ShareGPT JSON, Azure CSV; plain or
+    gzip-compressed, with or without a UTF-8 byte-order mark) to OUT."""
+    from prefixshield.traces import importers
+    from prefixshield.traces.io import write_trace
+
+    common = dict(seed=seed, warmup_s=warmup_s, limit=limit, assign=assign,
+                  tenant_skew=tenant_skew, tenant_map=tenant_map,
+                  num_groups=None if assign == "map" and num_groups == 1 else num_groups)
+    if fmt == "mooncake":
+        if system_prompt_tokens:
+            raise click.BadParameter("mooncake traces carry their own prefixes (hash_ids)",
+                                     param_hint="--system-prompt-tokens")
+        tr = importers.import_mooncake(src, time_scale=time_scale, **common)
+    else:
+        if fmt == "azure":
+            tr = importers.import_azure(src, time_scale=time_scale,
+                                        system_prompt_tokens=system_prompt_tokens, **common)
+        else:
+            if time_scale != 1.0 or rate is not None:
+                raise click.BadParameter("sharegpt has no timestamps to scale (arrivals are "
+                                         "drawn)", param_hint="--time-scale/--rate")
+            tr = importers.import_sharegpt(src, system_prompt_tokens=system_prompt_tokens,
+                                           **common)
+    note = ""
+    if rate is not None:
+        from prefixshield.traces.transform import scale_to_rate
+
+        tr, factor = scale_to_rate(tr, rate)
+        note += f" (arrivals x {factor:.3g} for {rate:g} req/s)"
+    if max_prompt_tokens is not None:
+        from prefixshield.traces.transform import limit_request_tokens
+
+        tr = limit_request_tokens(tr, max_prompt_tokens, over)
+        n = tr.meta["limit"]["requests_affected"]
+        note += (f" ({n} prompts over {max_prompt_tokens} tokens "
+                 f"{'dropped' if over == 'drop' else 'clipped'})")
+    write_trace(tr, out)
+    console.print(f"imported {len(tr)} requests from {src} to {out}{note}")
+
+
+@trace.command("inspect")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--block-size", type=POSITIVE, default=16, show_default=True)
+@_user_errors
+def trace_inspect(path, block_size):
+    """Print what a trace holds: requests, groups, roles, prompt lengths, rates."""
+    from prefixshield.traces.io import read_trace
+
+    tr = read_trace(path)
+    df = tr.requests
+    lens = tr.prompt_lengths()
+    dur = float(df["arrival_s"].max() - df["arrival_s"].min()) if len(df) else 0.0
+    console.print(f"[bold]{path}[/]: {len(df)} requests over {dur:.1f} s, seed {tr.seed}, "
+                  f"vocab {tr.vocab_size}; meta: {tr.meta.get('workload') or tr.meta.get('importer') or '-'}")
+    table = Table()
+    for col in ("group", "contract", "role", "requests", "measured", "rate (req/s)",
+                "mean prompt (tokens)", f"mean prompt (blocks of {block_size})",
+                "mean output (tokens)", "distinct prefix_ids"):
+        table.add_column(col, justify="left" if col in ("group", "contract", "role") else "right")
+    df = df.assign(_len=lens)
+    for (g, c, r), sub in df.groupby(["group", "contract", "role"], sort=False):
+        span = float(sub["arrival_s"].max() - sub["arrival_s"].min())
+        rate = (len(sub) - 1) / span if span > 0 else float("nan")
+        table.add_row(str(g), str(c), str(r), str(len(sub)), str(int(sub["measured"].sum())),
+                      f"{rate:.2f}", f"{sub['_len'].mean():.0f}",
+                      f"{(sub['_len'] // block_size).mean():.1f}",
+                      f"{sub['output_tokens'].mean():.0f}", str(sub["prefix_id"].nunique()))
+    console.print(table)
+
+

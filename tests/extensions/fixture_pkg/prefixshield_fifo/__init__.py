@@ -1,0 +1,1 @@
+"""FIFO eviction for prefixshield: ``fifo`` (a policy) and ``short_one_touch`` (a workload)."""
