@@ -18,7 +18,7 @@ from prefixshield.policies.reference.prefixshield import ReferencePrefixShield
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import load_profile
 from prefixshield.simulator.engine import Engine
-from prefixshield.traces.contracts import Contract
+from prefixshield.tenancy import Contract
 
 FUNDED = Contract("funded", 1.0, 100.0)
 POOR = Contract("poor", 1.0, 2.0)
