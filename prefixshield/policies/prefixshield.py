@@ -1,4 +1,4 @@
-"""PrefixShield: meter who *creates* KV state and make that group bear reclamation (DESIGN §5.4).
+"""PrefixShield: meter who *creates* KV state and make that group bear reclamation.
 
 Per (group, contract) a token bucket ``(B, t0)``, initialised full (``B = beta_c``), refilled lazily
 on the accounting clock: ``B̂(t) = min(beta_c, B + rho_c·(t − t0))``. A request that materializes

@@ -1,4 +1,4 @@
-"""Synthetic workloads (DESIGN §7), one module each, registered in :data:`WORKLOADS`.
+"""Synthetic workloads, one module each, registered in :data:`WORKLOADS`.
 
 - :mod:`.base`: ``WorkloadParams`` / ``PrefixParams`` and the building blocks of a trace.
 - :mod:`.outputs`: output-length distributions from data (Azure conv, ShareGPT) or a range.
@@ -11,7 +11,7 @@
 Each workload is listed once, in ``registry.WORKLOAD_MODULES``; its module is imported the first
 time the workload is looked up in :data:`WORKLOADS` or a name of it is taken from this package.
 
-Every params docstring says where each default comes from: the reference setup (DESIGN §7) or
+Every params docstring says where each default comes from: the reference setup or
 data. ``prefixshield.experiments.single.build_trace`` sizes the load from the workload's own
 request shapes (``probe_shapes``) and a profile.
 """

@@ -1,5 +1,5 @@
 """The victim-plus-attacker setup shared by ``one_touch``, ``low_and_slow``, ``two_pass_replay``
-and ``delayed_replay`` (DESIGN §7).
+and ``delayed_replay``.
 
 Timeline::
 
@@ -9,7 +9,7 @@ Timeline::
      the victim's entitlement       attacker: window [pressure_start_s, +pressure_duration_s)
                                     (relative to measure_start_s; default: the whole phase)
 
-Defaults and where they come from (DESIGN §7 is "the reference setup"):
+Defaults and where they come from ("the reference setup" is the reference study's stated setup):
 
 * 512 blocks of 16 tokens, 1,536-token prefixes (96 blocks), alpha 0.6, victim on ``standard``,
   attacker on ``best_effort``: the reference setup.
@@ -132,7 +132,7 @@ class AttackParams(PrefixParams):
 
     @property
     def one_touch_rate(self) -> float:
-        """DESIGN §7 flood rate: ``min(0.75 C_prefill, 1.15 base_rate)`` requests/s."""
+        """The reference's one-touch flood rate: ``min(0.75 C_prefill, 1.15 base_rate)`` requests/s."""
         return min(0.75 * self.c_prefill, 1.15 * self.base_rate)
 
     def attacker_blocks_per_request(self) -> float:

@@ -8,7 +8,7 @@ params give a bit-identical trace, and switching a role off leaves every other r
 
 Units: times in seconds, rates in requests per second, lengths in tokens unless a name says
 blocks. ``base_rate`` is the rate ``alpha * C_prefill`` that the caller computes from a profile
-with the workload's own request shapes (every params class has ``probe_shapes(n)``, DESIGN §7);
+with the workload's own request shapes (every params class has ``probe_shapes(n)``);
 ``C_prefill`` is recovered as ``base_rate / alpha``.
 """
 
@@ -108,7 +108,7 @@ class PrefixParams(WorkloadParams):
     """Workloads whose requests are a shared or fresh prefix plus a unique suffix.
 
     Attributes:
-        prefix_tokens: tokens of every prefix (1,536 = 96 blocks of 16: DESIGN §7).
+        prefix_tokens: tokens of every prefix (1,536 = 96 blocks of 16: the reference setup).
         suffix_tokens: (min, max) tokens of the unique suffix after each prefix, uniform
             inclusive. 1-22 is fitted (the reference does not state it) to the reference's LRU
             hit ratios without attack, 99.19% (low_and_slow, two_pass_replay) and 99.33%
@@ -173,7 +173,7 @@ class PrefixParams(WorkloadParams):
                 f"{describe_outputs(self.output_dist, self.output_tokens, self.max_output_tokens)}")
 
     def expected_request_blocks(self, replay: bool = False) -> float:
-        """Expected full blocks a request materializes (prompt and decode blocks, DESIGN §5.4
+        """Expected full blocks a request materializes (prompt and decode blocks, PrefixShield
         charges both): ``floor((P + O - 1) / B)`` for a fresh prefix (the last output token is
         never computed); for a replay whose prompt is fully cached, only the blocks beyond vLLM's
         hit cap ``floor((P - 1) / B)``. Exact over the suffix range and the output

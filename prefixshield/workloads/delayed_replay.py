@@ -77,7 +77,7 @@ def designed_debt_blocks(arrival_s: np.ndarray, new_blocks: np.ndarray,
                          contract: Contract) -> float:
     """Debt (blocks) of a bucket that starts full, refills lazily and is charged ``new_blocks``.
 
-    The DESIGN §5.4 bucket applied to an arrival schedule (seconds) as if every request
+    PrefixShield's token bucket applied to an arrival schedule (seconds) as if every request
     materialized all its full blocks on arrival: the generator's *design* value, not what a
     simulated policy observes (it charges decode blocks as they fill; the debt left once every
     charge is in is the same as long as the bucket does not refill to its cap in between).

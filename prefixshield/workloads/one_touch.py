@@ -1,4 +1,4 @@
-"""``one_touch``: one-touch flooding; the attacker sends never-seen prefixes (DESIGN §7)."""
+"""``one_touch``: one-touch flooding; the attacker sends never-seen prefixes."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 A request decodes ``output_tokens`` tokens and keeps its KV blocks pinned while it does; how long
 and how many blocks it pins decides whether a replacement policy has anything left to reclaim
-(DESIGN §7: "Requests decode real outputs"). Synthetic workloads draw output lengths from a
+(the reference ran real requests on a real engine). Synthetic workloads draw output lengths from a
 documented distribution, ``output_dist``:
 
 * ``azure_conv`` (the default): ``GeneratedTokens`` of Azure's 2023 LLM inference

@@ -14,7 +14,7 @@ phase by default), at most ``budget_requests`` requests per second and at most
 ``budget_prompt_tokens`` prompt tokens per second (a replay costs its whole prompt, as an API
 that bills input tokens charges it); ``budget_limits`` says which of the two limits apply:
 ``both`` (default), ``requests`` or ``prompt_tokens``. A limit left None is the one-touch
-flood rate of DESIGN §7, ``min(0.75 C_prefill, 1.15 base_rate)`` requests/s (reference setup),
+one-touch flood rate, ``min(0.75 C_prefill, 1.15 base_rate)`` requests/s (reference setup),
 in prompt tokens with one_touch's mean prompt (``prefix_tokens`` + mean suffix): by default the
 attacker may send no more requests and no more prompt tokens per second than the reference's
 one-touch attacker. (With the prompt-token limit alone, many very short requests are allowed;
@@ -39,7 +39,7 @@ bounded by ``attacker_output_tokens <= 1000``, the largest output in the Azure d
 2. *Which prefix*: with probability ``replay_fraction`` a *replay*: the earliest admitted prefix
    whose replay is due (admitted at ``a``, due at ``a + replay_delay x clearance``, where
    ``clearance = max_c debt_c / rho_c`` is the designed clearance time of the attacker's buckets
-   right after that admission, DESIGN §5.4's Proposition, computed from the schedule as
+   right after that admission (PrefixShield's gate reopens then), computed from the schedule as
    ``delayed_replay`` does); each admission is replayed at most once; when none is due the
    request is a pool request. Otherwise a *pool request*: round-robin over a pool of
    ``pool_size`` prefixes, all replaced by never-seen ones every ``rotation_s`` seconds (with
@@ -89,7 +89,7 @@ MAX_OUTPUT_TOKENS = 1000
 class SearchedAttackParams(AttackParams):
     """``searched_attack``: victim as ``one_touch``; the attacker's choices are parameters.
 
-    Every default reproduces ``one_touch``'s attacker (reference setup, DESIGN §7) except where
+    Every default reproduces ``one_touch``'s attacker (reference setup) except where
     a default says otherwise; the bounds the search explores are in
     :data:`prefixshield.experiments.attack_space.SPACE`.
 
@@ -311,7 +311,7 @@ def plan_prefixes(p: SearchedAttackParams, w0: float, t: np.ndarray, u_replay: n
     admission ordinal), contract
     index (0: primary, 1: alternate) and kind (0 admission, 1 pool reuse, 2 replay), and the
     designed debt of the attacker's buckets after each request (blocks, summed over its
-    contracts), from the DESIGN §5.4 bucket charged every full block a fresh request computes
+    contracts), from the PrefixShield bucket charged every full block a fresh request computes
     and, for a reuse or replay, the blocks beyond the hit cap ``floor((P - 1) / B)``."""
     contracts = p.contract_table
     names = [p.attacker_contract, p.attacker_alt_contract]

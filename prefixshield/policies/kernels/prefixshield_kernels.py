@@ -1,4 +1,4 @@
-"""Numba kernels of the PrefixShield policy (DESIGN §5.4) over one packed state buffer.
+"""Numba kernels of the PrefixShield policy over one packed state buffer.
 
 Every public event kernel here is one call per policy event (``on_materialize``, ``on_hit``,
 ``on_release``, ``on_acquire``, ``select_victims``) and takes the policy's whole state as one

@@ -1,4 +1,4 @@
-"""PrefixShield in plain Python, straight from DESIGN §5.4: the executable spec.
+"""PrefixShield in plain Python, straight from its formulas: the executable spec.
 
 Readable over fast: every victim scans all candidates. The numba policy
 (:class:`prefixshield.policies.prefixshield.PrefixShieldPolicy`) must make the same decisions in
@@ -206,7 +206,7 @@ class ReferencePrefixShield(Policy):
             del self.candidates[b]
 
     def select_victims(self, n, now, requester) -> np.ndarray:
-        """Truly free blocks first; then DESIGN §5.4 reclamation, scanning all candidates."""
+        """Truly free blocks first; then the design's reclamation, scanning all candidates."""
         self.clock = max(self.clock, now)
         if n > self.num_free():
             raise ValueError(f"cannot select {n} victims: {self.num_free()} free blocks")
