@@ -33,9 +33,12 @@ def site(tmp_path_factory) -> Path:
     shutil.copytree(FIXTURE, src, ignore=shutil.ignore_patterns("build", "*.egg-info",
                                                                 "__pycache__"))
     target = tmp_path_factory.mktemp("site")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--disable-pip-version-check", "--target",
-                    str(target), str(src)], check=True, capture_output=True, text=True)
+    # setuptools (the fixture's build backend) from this environment where it has one (Python
+    # 3.11's venvs do, and torch brings it on later ones); else pip fetches it to build
+    isolation = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", *isolation,
+                    "--disable-pip-version-check", "--target", str(target), str(src)],
+                   check=True, capture_output=True, text=True)
     return target
 
 
