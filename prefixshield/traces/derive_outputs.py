@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from prefixshield.atomic import write_text
-from prefixshield.workloads.outputs import AZURE_CONV_FILE
+from prefixshield.traces.shipped import AZURE_CONV_FILE
 
 _REPO = Path(__file__).resolve().parents[2]
 DEFAULT_SOURCE = _REPO.parent / "shared" / "data" / "azure-llm-2023" / \

@@ -98,12 +98,14 @@ def assign_tenants(model: str, units: np.ndarray, groups: Sequence[str], seed: i
         return (rank[inverse] % G).astype(np.int64)
     if model in ("zipf", "servegen"):
         if model == "servegen":
-            from prefixshield.workloads.servegen import ServeGenParams
+            from prefixshield.traces.shipped import (SHARES_WINDOW_S, busiest_hour_start,
+                                                     rate_shares, servegen_clients)
 
             if G > 8:
                 raise ValueError(f"--assign servegen: at most 8 groups (the shipped clients), "
                                  f"got {G}")
-            w = ServeGenParams(num_tenants=G)._shares()
+            clients = servegen_clients()[:G]
+            w = rate_shares(clients, busiest_hour_start(clients), SHARES_WINDOW_S)
         else:
             if not (math.isfinite(tenant_skew) and tenant_skew > 0):
                 raise ValueError(f"tenant_skew must be a finite number > 0, got {tenant_skew}")

@@ -33,8 +33,8 @@ from importlib import resources
 import numpy as np
 import pandas as pd
 
-AZURE_CONV_FILE = "azure_conv_generated_tokens.csv"
-"""Packaged histogram of Azure conv ``GeneratedTokens``: ``generated_tokens, count``."""
+from prefixshield.traces.shipped import AZURE_CONV_FILE
+
 
 OUTPUT_DISTRIBUTIONS = ("azure_conv", "sharegpt")
 """Names accepted by ``output_dist``."""

@@ -20,28 +20,19 @@ Load: the tenants' *relative* rates are the data's; the total is scaled to ``bas
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from functools import lru_cache
-from importlib import resources
 
 import numpy as np
 
 from prefixshield.traces.rows import RequestRows
 from prefixshield.traces.schema import Trace
 from prefixshield.traces.segments import SegmentKind, segment_ids
+from prefixshield.traces.shipped import (busiest_hour_start, mean_rate, rate_shares,
+                                         servegen_clients, windows)
 from prefixshield.workloads.base import (PROBE_SEED, STREAM_CONVERSATIONS, STREAM_PROBE,
                                          WorkloadParams, check, rng_for)
 from prefixshield.workloads.registry import params_to_dict, register
-
-
-@lru_cache(maxsize=1)
-def servegen_clients() -> tuple[dict, ...]:
-    """The shipped clients (see the module docstring), most requests first."""
-    text = resources.files("prefixshield.traces").joinpath(
-        "data/servegen_m_large.json").read_text()
-    return tuple(json.loads(text)["clients"])
 
 
 @dataclass(frozen=True)
@@ -89,9 +80,7 @@ class ServeGenParams(WorkloadParams):
         published rates)."""
         if self.start_s is not None:
             return float(self.start_s)
-        rates = np.sum([[w["rate"] for w in c["windows"]] for c in self.tenants], axis=0)
-        hourly = np.convolve(rates, np.ones(6), mode="valid")  # 6 windows of 600 s
-        return float(self.tenants[0]["windows"][int(np.argmax(hourly))]["start_s"])
+        return busiest_hour_start(self.tenants)
 
     @property
     def max_request_tokens(self) -> int:
@@ -118,25 +107,7 @@ class ServeGenParams(WorkloadParams):
                 f"{self.system_prompt_tokens}-token system prompts")
 
     def _shares(self) -> np.ndarray:
-        mean = np.array([_mean_rate(c, self.start, self.start + self.duration_s)
-                         for c in self.tenants])
-        total = mean.sum()
-        if total <= 0:
-            raise ValueError(f"no tenant sends a request between {self.start:g} and "
-                             f"{self.start + self.duration_s:g} s of the shipped day")
-        return mean / total
-
-
-def _windows(client: dict, start: float, end: float):
-    for w in client["windows"]:
-        lo, hi = w["start_s"], w["start_s"] + 600
-        if hi > start and lo < end and w["dist"] is not None and w["rate"] > 0:
-            yield w, max(lo, start), min(hi, end)
-
-
-def _mean_rate(client: dict, start: float, end: float) -> float:
-    """The client's published requests over ``[start, end)`` per second."""
-    return sum(w["rate"] * (b - a) for w, a, b in _windows(client, start, end)) / (end - start)
+        return rate_shares(self.tenants, self.start, self.duration_s)
 
 
 def _lengths_at(client: dict, t: float) -> dict:
@@ -168,7 +139,7 @@ def _arrivals(rng: np.random.Generator, client: dict, start: float, end: float,
     renewal process with the window's published distribution (Gamma or Weibull shape), its gaps
     rescaled to the window's rate times ``scale``."""
     times = []
-    for w, lo, hi in _windows(client, start, end):
+    for w, lo, hi in windows(client, start, end):
         rate = w["rate"] * scale
         mean_n = rate * (hi - lo)
         n = int(mean_n * 1.5 + 10 * math.sqrt(mean_n + 1) + 16)
@@ -197,7 +168,7 @@ def servegen(params: ServeGenParams | None = None) -> Trace:
     start, end = p.start, p.start + p.duration_s
     shares = p._shares()
     rows = RequestRows()
-    published = sum(_mean_rate(c, start, end) for c in p.tenants)
+    published = sum(mean_rate(c, start, end) for c in p.tenants)
     scale = p.base_rate / published
     counts = {}
     for gi, client in enumerate(p.tenants):
