@@ -358,26 +358,27 @@ def evaluate(ctx: Ctx, use_defaults: bool) -> list:
                   f"({p.hot_prefixes} x {p.prefix_blocks} prefix blocks; "
                   f"{100 * p.hot_prefixes * full / p.usable_blocks:.1f}% with the longest "
                   f"suffix's full blocks)", "-", "-"))
-    ls = ov("low_and_slow")
-    ctl = runs(ctx, "low_and_slow", S, attack=False, **ls)
-    row(t, "low_and_slow: LRU no-attack control", "suffix_tokens", OBS_CONTROL,
-        [r["hit"] for r in ctl], "%")
-    att = runs(ctx, "low_and_slow", S, **ls)
-    row(t, "low_and_slow: LRU under attack", "low_and_slow pressure_ratio", OBS_LS_HIT,
-        [r["hit"] for r in att], "%")
+
+    def control_and_attack(workload: str, obs_attack: float) -> dict:
+        """The rows of LRU's no-attack control and of LRU under attack; returns the
+        workload's overrides."""
+        o = ov(workload)
+        ctl = runs(ctx, workload, S, attack=False, **o)
+        row(t, f"{workload}: LRU no-attack control", "suffix_tokens", OBS_CONTROL,
+            [r["hit"] for r in ctl], "%")
+        att = runs(ctx, workload, S, **o)
+        row(t, f"{workload}: LRU under attack", f"{workload} pressure_ratio", obs_attack,
+            [r["hit"] for r in att], "%")
+        return o
+
+    ls = control_and_attack("low_and_slow", OBS_LS_HIT)
     for pr, (m_obs, d_obs) in OBS_SWEEP.items():
         sw = runs(ctx, "low_and_slow", S, **{**ls, "pressure_ratio": pr})
         row(t, f"pressure sweep {pr}: measured ratio", "low_and_slow duration_s", m_obs,
             [r["pressure"] for r in sw])
         row(t, f"pressure sweep {pr}: attacker mean debt", "low_and_slow duration_s", d_obs,
             [r["debt"] for r in sw], " blocks", "{:.1f}")
-    tp = ov("two_pass_replay")
-    ctl = runs(ctx, "two_pass_replay", S, attack=False, **tp)
-    row(t, "two_pass_replay: LRU no-attack control", "suffix_tokens", OBS_CONTROL,
-        [r["hit"] for r in ctl], "%")
-    att = runs(ctx, "two_pass_replay", S, **tp)
-    row(t, "two_pass_replay: LRU under attack", "two_pass_replay pressure_ratio", OBS_TP_HIT,
-        [r["hit"] for r in att], "%")
+    control_and_attack("two_pass_replay", OBS_TP_HIT)
     dr = runs(ctx, "delayed_replay", S, **ov("delayed_replay"))
     row(t, "delayed_replay: replay-eligible attacker blocks", "suffix_tokens", OBS_DR_ELIGIBLE,
         [replay_eligible([r]) for r in dr], " blocks", "{:.1f}")
