@@ -215,9 +215,10 @@ def reproduce(quick, seeds, compat, profile, out_dir, executor, workers, address
 
     The attack table with no-attack controls, the benign and borrowing tables, the capacity,
     pressure, load and profile sweeps, the segmentation and delayed-replay ablations, the table
-    of PrefixShield's readings and the overhead table: Markdown and CSV under tables/, PNG figures under figures/, and index.md
-    linking them, all rebuilt by `prefixshield report OUT` from the stored cells. Default setup
-    mirrors the reference: --compat 0.10, l4-qwen2.5-1.5b, 10 paired runs.
+    of PrefixShield's readings and the overhead table: Markdown and CSV under tables/, PNG
+    figures under figures/, and index.md linking them, all rebuilt by `prefixshield report OUT`
+    from the stored cells. Default setup mirrors the reference: --compat 0.10, l4-qwen2.5-1.5b,
+    10 paired runs.
     """
     import time
 

@@ -327,7 +327,8 @@ class PrefixShieldPolicy(Policy):
               ("t0", "t0"), ("charged", "charged"), ("materialized", "materialized"),
               ("cls_count", "class_count"), ("granted", "granted"), ("gated", "gated"),
               ("in_debt", "in_debt"), ("evictions", "evictions"),
-              ("evicted_class", "evicted_class"), ("uncharged", "uncharged"), ("P", "_P"), ("ub", "_ub"), ("heap", "_heap"),
+              ("evicted_class", "evicted_class"), ("uncharged", "uncharged"), ("P", "_P"),
+              ("ub", "_ub"), ("heap", "_heap"),
               ("glen", "_glen"), ("gnxt", "_gnxt"), ("gmember", "_gmember"), ("qnxt", "_qnxt"),
               ("qlen", "_qlen"), ("ctl", "_ctl"), ("fctl", "_fctl"))
     """(field, attribute): the numpy views of the packed state the Python side reads."""

@@ -132,7 +132,8 @@ class AttackParams(PrefixParams):
 
     @property
     def one_touch_rate(self) -> float:
-        """The reference's one-touch flood rate: ``min(0.75 C_prefill, 1.15 base_rate)`` requests/s."""
+        """The reference's one-touch flood rate, ``min(0.75 C_prefill, 1.15 base_rate)``
+        requests/s."""
         return min(0.75 * self.c_prefill, 1.15 * self.base_rate)
 
     def attacker_blocks_per_request(self) -> float:
