@@ -189,6 +189,81 @@ def _engine_options(fn):
     return fn
 
 
+def _scheduler_options(fn):
+    """``--scheduler``, ``--priority``, ``--vtc-weights``, ``--tenant-limit``: the engine's
+    scheduling policy and per-tenant limits, handed to the command as one ``scheduler``
+    argument (a :class:`~prefixshield.scheduling.SchedulerConfig`). Bad values are a one-line
+    error naming the option before any work; a group the trace does not have is one when the
+    trace is built."""
+    @functools.wraps(fn)
+    def wrapper(*args, scheduler, priorities, vtc_weights, tenant_limits, **kwargs):
+        return fn(*args, scheduler=_scheduler_config(scheduler, priorities, vtc_weights,
+                                                    tenant_limits), **kwargs)
+
+    opts = [
+        click.option("--scheduler", default="fcfs", show_default=True, metavar="NAME",
+                     help="Scheduling policy of the engine: fcfs (vLLM's default), priority "
+                          "(vLLM's priority policy; see --priority) or vtc (Virtual Token "
+                          "Counter: the least-served waiting tenant first)."),
+        click.option("--priority", "priorities", multiple=True, metavar="GROUP=N",
+                     help="With --scheduler priority: GROUP's priority (lower is served "
+                          "first, as in vLLM; groups not named have 0). Repeatable."),
+        click.option("--vtc-weights", default=None, metavar="IN,OUT",
+                     help="With --scheduler vtc: the counter's weight of a prompt token and of "
+                          "an output token [default: 1,2]."),
+        click.option("--tenant-limit", "tenant_limits", multiple=True,
+                     metavar="[GROUP:]KEY=N",
+                     help="A per-tenant admission limit, for GROUP or (no GROUP) every group: "
+                          "max_running (requests), max_blocks (blocks held by running "
+                          "requests, checked at admission), max_output_tokens (per request). "
+                          "Repeatable; works with every scheduler."),
+    ]
+    for opt in reversed(opts):
+        wrapper = opt(wrapper)
+    return wrapper
+
+
+def _scheduler_config(name: str, priorities: tuple[str, ...], vtc_weights: str | None,
+                      tenant_limits: tuple[str, ...]):
+    """The options of :func:`_scheduler_options` -> a ``SchedulerConfig``; a bad value is a
+    ``click.BadParameter`` naming its option."""
+    from prefixshield.scheduling import (SCHEDULERS, SchedulerConfig, limits_from_items,
+                                         parse_limit, parse_priority)
+
+    if name not in SCHEDULERS:
+        raise click.BadParameter(f"unknown scheduler {name!r}; known: "
+                                 f"{', '.join(SCHEDULERS)}", param_hint="--scheduler")
+    kw: dict = {"name": name}
+    try:
+        kw["priorities"] = tuple(parse_priority(p) for p in priorities)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--priority") from None
+    if kw["priorities"] and name != "priority":
+        raise click.BadParameter(f"--priority is read by --scheduler priority, not {name}",
+                                 param_hint="--priority")
+    if vtc_weights is not None:
+        if name != "vtc":
+            raise click.BadParameter(f"--vtc-weights is read by --scheduler vtc, not {name}",
+                                     param_hint="--vtc-weights")
+        parts = vtc_weights.split(",")
+        try:
+            w_in, w_out = (float(x) for x in parts)
+        except ValueError:
+            raise click.BadParameter(f"expected IN,OUT (two numbers), got {vtc_weights!r}",
+                                     param_hint="--vtc-weights") from None
+        kw["vtc_input_weight"], kw["vtc_output_weight"] = w_in, w_out
+    try:
+        kw["limits"] = limits_from_items([parse_limit(t) for t in tenant_limits])
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--tenant-limit") from None
+    try:
+        return SchedulerConfig(**kw)
+    except ValueError as e:
+        hint = ("--vtc-weights" if "weight" in str(e) else
+                "--priority" if "priorit" in str(e) else "--scheduler")
+        raise click.BadParameter(str(e), param_hint=hint) from None
+
+
 def _workload_options(fn):
     """``--alpha`` and ``--set``: how a generated workload is sized and parameterized."""
     fn = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",

@@ -10,8 +10,9 @@ import click
 from rich.table import Table
 
 from prefixshield.cli.common import (SEED, _engine_options, _load_numba_target, _loading,
-                                     _policy_names, _user_errors, _workload_names,
-                                     _workload_options, _workload_overrides, console)
+                                     _policy_names, _scheduler_options, _user_errors,
+                                     _workload_names, _workload_options, _workload_overrides,
+                                     console)
 
 
 _C_PREFILL_BASIS = click.option(
@@ -28,6 +29,7 @@ _C_PREFILL_BASIS = click.option(
                    "arguments (e.g. prefixshield:debt_gate=false). Repeat for several; every "
                    "policy gets the identical trace.")
 @_engine_options
+@_scheduler_options
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Trace seed.")
 @_workload_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
@@ -44,8 +46,8 @@ _C_PREFILL_BASIS = click.option(
                    "request shapes (order, burstiness and prefixes kept; gaps scaled).")
 @_user_errors
 def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
-        max_num_batched_tokens, profile, seed, alpha, overrides, out_dir, plot, check_invariants,
-        c_prefill_basis, scale_to_load):
+        max_num_batched_tokens, profile, scheduler, seed, alpha, overrides, out_dir, plot,
+        check_invariants, c_prefill_basis, scale_to_load):
     """Simulate WORKLOAD under one or more policies and print a summary table.
 
     WORKLOAD is a generated workload name or a trace .parquet file (see `prefixshield trace`).
@@ -63,7 +65,7 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
         check_out_dir(out_dir)  # before minutes of simulation, not after
     engine = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, vllm_compat=vllm_compat,
-                          check_invariants=check_invariants)
+                          check_invariants=check_invariants, scheduler=scheduler)
     spec = RunSpec(workload=workload, policies=_policy_names(policies), engine=engine,
                    profile=load_profile(profile), alpha=alpha, seed=seed, overrides=typed,
                    scale_to_load=scale_to_load, c_prefill_basis=c_prefill_basis)
@@ -115,6 +117,7 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
 @click.option("--policy", "-p", "policies", multiple=True, default=("all",), show_default=True,
               help="Policies as for `run`; the first is the baseline of the paired differences.")
 @_engine_options
+@_scheduler_options
 @click.option("--seeds", type=int, default=10, show_default=True,
               help="Paired runs: seeds 0..N-1, every policy on the identical trace per seed.")
 @_workload_options
@@ -123,7 +126,8 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
               help="Write per-run rows and the paired table as CSV (OUT and OUT.paired.csv).")
 @_user_errors
 def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
-            max_num_batched_tokens, profile, seeds, alpha, overrides, c_prefill_basis, out_csv):
+            max_num_batched_tokens, profile, scheduler, seeds, alpha, overrides, c_prefill_basis,
+            out_csv):
     """Paired comparison of policies on a generated WORKLOAD over several seeds.
 
     Prints the mean hit ratio and P95 TTFT of the judged requests per policy, and the paired
@@ -147,7 +151,8 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
         raise click.BadParameter("must be >= 1", param_hint="--seeds")
     typed = parse_overrides(WORKLOADS[workload].params_type, overrides)
     engine = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=max_num_batched_tokens, vllm_compat=vllm_compat)
+                          max_num_batched_tokens=max_num_batched_tokens, vllm_compat=vllm_compat,
+                          scheduler=scheduler)
     names = _policy_names(policies)
     spec = RunSpec(workload=workload, policies=names, engine=engine,
                    profile=load_profile(profile), alpha=alpha, overrides=typed,
@@ -160,13 +165,14 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
         runs = run_paired(spec, list(range(seeds)),
                           on_seed=lambda _s: progress.advance(task))
     table_df = paired_table(runs, baseline=names[0],
-                            metrics=("hit_ratio", "token_hit_ratio", "p95_ttft_s"))
+                            metrics=("hit_ratio", "token_hit_ratio", "p95_ttft_s",
+                                     "arrival_hit_ratio", "p95_queue_s"))
     table = Table(title=f"{workload}: paired over {seeds} seeds; differences vs {names[0]} "
                         "(95% bootstrap CI)")
     attack = ("attacker_pressure_ratio" in runs
               and bool(runs["attacker_pressure_ratio"].notna().any()))
-    cols = ["policy", "runs", "hit ratio", "diff (pp)", "token hit ratio", "P95 TTFT (s)",
-            "diff (s)"]
+    cols = ["policy", "runs", "hit ratio", "diff (pp)", "at arrival", "token hit ratio",
+            "P95 TTFT (s)", "diff (s)", "P95 queue (s)"]
     if attack:
         cols += ["attacker pressure", "attacker debt (blocks)"]
     for col in cols:
@@ -181,10 +187,12 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
         row = [r["policy"], str(r["runs"]) if not r["failed"] else f"{r['runs']} of {seeds}",
                f"{100 * r['hit_ratio_mean']:.2f}%",
                fmt_ci(r['hit_ratio_diff'], r['hit_ratio_ci_low'], r['hit_ratio_ci_high']),
+               f"{100 * r['arrival_hit_ratio_mean']:.2f}%",
                f"{100 * r['token_hit_ratio_mean']:.2f}%",
                f"{r['p95_ttft_s_mean']:.3f}",
                fmt_ci(r['p95_ttft_s_diff'], r['p95_ttft_s_ci_low'], r['p95_ttft_s_ci_high'],
-                      1.0, 3)]
+                      1.0, 3),
+               f"{r['p95_queue_s_mean']:.3f}"]
         if attack:
             m = means.loc[r["policy"]]
             row += [_fmt(m["attacker_pressure_ratio"], ".2f"),
@@ -192,8 +200,9 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
         table.add_row(*row)
     console.print(table)
     console.print("hit ratio: mean over the judged requests of cached / prompt tokens (vLLM's "
-                  "per-request definition); token hit ratio: cached over prompt tokens summed "
-                  "over them (what trace studies publish).")
+                  "per-request definition) at admission; at arrival: of the prefix cached when "
+                  "they arrived; token hit ratio: cached over prompt tokens summed over them "
+                  "(what trace studies publish); P95 queue: arrival to first admission.")
     for _, r in table_df[table_df["failed"] > 0].iterrows():
         console.print(f"[yellow]{r['policy']} failed on {r['failed']} of {seeds} seeds[/]: "
                       f"{r['error']}" + ("; its means and differences are over the seeds it "
@@ -210,6 +219,8 @@ def _print_header(workload, trace, spec, info) -> None:
     console.print(f"[bold]{workload}[/]: {len(trace)} requests, {len(trace.group_names())} "
                   f"groups; profile {spec.profile.name} ({spec.profile.provenance['status']}); "
                   f"{e.num_blocks} blocks x {e.block_size} tokens; vLLM compat {e.vllm_compat}")
+    if not e.scheduler.is_default:
+        console.print(f"scheduler: {_scheduler_text(e.scheduler)}")
     if "base_rate_req_per_s" not in info:
         return
     if info["c_prefill_req_per_s"] is None:
@@ -226,6 +237,22 @@ def _print_header(workload, trace, spec, info) -> None:
                       + ("" if meta["params"].get("attack", True) else "; silent (control)"))
 
 
+def _scheduler_text(sc) -> str:
+    """One line: the scheduler, its parameters and the per-tenant limits."""
+    parts = [sc.name]
+    if sc.name == "priority":
+        parts.append("priorities " + (", ".join(f"{g}={p}" for g, p in sc.priorities)
+                                      or "all 0"))
+    if sc.name == "vtc":
+        parts.append(f"weights {sc.vtc_input_weight:g} per prompt token, "
+                     f"{sc.vtc_output_weight:g} per output token")
+    for g, lim in sc.limits:
+        who = "every group" if g == "*" else g
+        parts.append(f"{who}: " + ", ".join(f"{k}={v}" for k, v in vars(lim).items()
+                                           if v is not None))
+    return "; ".join(parts)
+
+
 def _fmt(x: float, spec: str) -> str:
     """``format(x, spec)``, or ``-`` for NaN."""
     return "-" if x != x else format(x, spec)
@@ -238,30 +265,37 @@ def _print_summary(results, timings, failures=None) -> None:
     pop = summarize(next(iter(results.values())))["population"] if results else "all"
     table = Table(title=f"judged population: {'measured victim' if pop == 'victim' else 'all measured'} requests")
     attack = pop == "victim"
-    cols = ["policy", "requests", "hit ratio", "token hit ratio", "P50 TTFT (s)", "P95 TTFT (s)",
-            "preemptions", "evictions"]
+    cols = ["policy", "requests", "hit ratio", "at arrival", "token hit ratio", "P50 TTFT (s)",
+            "P95 TTFT (s)", "P95 queue (s)", "preemptions", "evictions"]
     if attack:
-        cols += ["attacker pressure", "attacker debt (blocks)"]
+        cols += ["attacker pressure", "attacker debt (blocks)", "attacker KV share"]
     for col in cols + ["sim time (s)"]:
         table.add_column(col, justify="left" if col == "policy" else "right")
     for name, r in results.items():
         s = summarize(r)
         row = [name, str(s["requests"]), f"{100 * s['hit_ratio']:.2f}%",
+               f"{100 * s['arrival_hit_ratio']:.2f}%",
                f"{100 * s['token_hit_ratio']:.2f}%", f"{s['p50_ttft_s']:.3f}",
-               f"{s['p95_ttft_s']:.3f}", str(s["preemptions"]), str(s["evictions"])]
+               f"{s['p95_ttft_s']:.3f}", f"{s['p95_queue_s']:.3f}", str(s["preemptions"]),
+               str(s["evictions"])]
         if attack:
             row += [_fmt(s["attacker_pressure_ratio"], ".2f"),
-                    _fmt(s["attacker_mean_debt_blocks"], ".0f")]
+                    _fmt(s["attacker_mean_debt_blocks"], ".0f"),
+                    _fmt(100 * s["attacker_kv_share"], ".1f") + "%"]
         table.add_row(*row, f"{timings.get(name, float('nan')):.2f}")
     for name in failures:
         table.add_row(name, "[red]failed[/]", *[""] * (len(cols) - 1))
     console.print(table)
     for name, err in failures.items():
         console.print(f"[red]{name} failed[/]: {err}")
+    console.print("hit ratio: the prefix cached when each request was admitted; at arrival: when "
+                  "it arrived (the gap is what the cache lost while it queued); P95 queue: "
+                  "arrival to first admission.")
     if attack:
         console.print("attacker pressure: blocks the attacker materialized per second of the "
                       "pressure window over its refill (measured); debt: its time-weighted mean "
-                      "token-bucket debt over the window.")
+                      "token-bucket debt over the window; KV share: the attacker's share of the "
+                      "KV block-seconds running requests held.")
 
 
 

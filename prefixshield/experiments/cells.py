@@ -25,8 +25,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from prefixshield.experiments.spec import (ENGINE_KEYS, RUN_KEYS, Experiment, Point, jsonable,
-                                           resolve_contracts, value_text)
+from prefixshield.experiments.spec import (ENGINE_KEYS, RUN_KEYS, SCHEDULER_KEYS, Experiment,
+                                           Point, jsonable, resolve_contracts, scheduler_of,
+                                           value_text)
 
 OCCUPANCY_SAMPLES = 200
 """Occupancy is stored per cell at this many evenly spaced times (a step function sampled)."""
@@ -104,8 +105,10 @@ def run_spec(workload: str, settings: Mapping[str, Any], seed: int, policy_specs
     from prefixshield.simulator.costmodel import load_profile
 
     engine_kw = {ENGINE_KEYS[k]: v for k, v in settings.items() if k in ENGINE_KEYS}
+    engine_kw["scheduler"] = scheduler_of(settings)
     overrides = {k: v for k, v in settings.items()
-                 if k not in ENGINE_KEYS and k not in RUN_KEYS and "." not in k}
+                 if k not in ENGINE_KEYS and k not in RUN_KEYS and k not in SCHEDULER_KEYS
+                 and "." not in k}
     return RunSpec(workload=workload, policies=policy_specs, engine=EngineConfig(**engine_kw),
                    profile=load_profile(settings.get("profile", "l4-qwen2.5-1.5b")),
                    alpha=float(settings.get("alpha", 0.6)), seed=seed, overrides=overrides,

@@ -201,7 +201,31 @@ def build_trace(spec: RunSpec) -> tuple[Trace, dict]:
     if not trace.requests["measured"].any():
         raise ValueError(f"{spec.workload}: no request of the trace is measured (all warm-up); "
                          "no hit ratio or TTFT could be judged")
+    check_scheduler(trace, spec.engine, spec.workload)
     return trace, info
+
+
+def check_scheduler(trace: Trace, engine: EngineConfig, source: str) -> None:
+    """Raise ``ValueError`` (one line, before any run) if ``engine``'s scheduler names a group
+    ``trace`` does not have, or its ``max_blocks`` limit could hold a request back for ever."""
+    from prefixshield.scheduling.config import capped_outputs, over_block_limit
+
+    sched = engine.scheduler
+    groups = trace.group_names()
+    try:
+        _, limits = sched.resolve(groups)
+    except ValueError as e:
+        raise ValueError(f"{source}: scheduler {sched.name}: {e}") from None
+    df = trace.requests
+    gid = df["group"].astype(str).map({g: i for i, g in enumerate(groups)}).to_numpy(np.int64)
+    total = trace.prompt_lengths() + capped_outputs(limits, gid,
+                                                    df["output_tokens"].to_numpy(np.int64))
+    over = over_block_limit(limits, gid, total, engine.block_size)
+    if over is not None:
+        i, need, cap = over
+        raise ValueError(f"{source}: the max_blocks limit of group {groups[gid[i]]!r} ({cap}) "
+                         f"is below what request {int(df['request_id'].iloc[i])} needs ({need} "
+                         f"blocks of prompt and output): it would wait for ever")
 
 
 def run_policies(trace: Trace, spec: RunSpec,

@@ -10,6 +10,10 @@ key                                what it sets
 ``compat`` ``max_num_seqs``        engine: vLLM compat mode / scheduler limits
 ``max_num_batched_tokens``
 ``reserve_full_prompt``
+``scheduler``                      engine: scheduling policy (``fcfs``, ``priority``, ``vtc``)
+``tenant_max_running``             engine: per-tenant admission limits applied to every group
+``tenant_max_blocks``              (running requests; blocks held by running requests; output
+``tenant_max_output_tokens``       tokens per request)
 ``alpha`` ``profile``              nominal load; cost-model profile (shipped name or TOML path)
 ``c_prefill_basis``                ``reference`` (C_prefill measured once on the reference
                                    pool of 512 blocks: the same rates at every capacity) or
@@ -51,6 +55,22 @@ ENGINE_KEYS = {"blocks": "num_blocks", "num_blocks": "num_blocks", "block_size":
 """Field key -> :class:`~prefixshield.simulator.config.EngineConfig` attribute."""
 
 RUN_KEYS = ("alpha", "profile", "c_prefill_basis")
+SCHEDULER_KEYS = {"scheduler": None, "tenant_max_running": "max_running",
+                  "tenant_max_blocks": "max_blocks",
+                  "tenant_max_output_tokens": "max_output_tokens"}
+"""Field key -> the :class:`~prefixshield.scheduling.TenantLimits` attribute it sets for every
+group (``scheduler``: the scheduler's name)."""
+
+
+def scheduler_of(settings: Mapping[str, Any]):
+    """The :class:`~prefixshield.scheduling.SchedulerConfig` of a point's ``SCHEDULER_KEYS``
+    fields."""
+    from prefixshield.scheduling import ALL_GROUPS, SchedulerConfig, TenantLimits
+
+    limits = {SCHEDULER_KEYS[k]: int(v) for k, v in settings.items()
+              if k in SCHEDULER_KEYS and k != "scheduler"}
+    return SchedulerConfig(name=str(settings.get("scheduler", "fcfs")),
+                           limits=((ALL_GROUPS, TenantLimits(**limits)),) if limits else ())
 WORKLOAD_OWNED = ("seed", "alpha", "block_size", "num_blocks", "contracts")
 """Workload params set from elsewhere (the seed list, ``alpha``, the engine, ``contract.*``)."""
 
@@ -246,6 +266,19 @@ def type_field(workload: str, key: str, text: str, where: str = "") -> Any:
             attr = ENGINE_KEYS[key]
             value = _convert(text, _engine_hints()[attr], key)
             return value
+        if key == "scheduler":
+            from prefixshield.scheduling import SCHEDULERS
+
+            if text not in SCHEDULERS:
+                raise SpecError(f"{prefix}scheduler: must be one of {', '.join(SCHEDULERS)}, "
+                                f"got {text!r}")
+            return text
+        if key in SCHEDULER_KEYS:
+            value = _convert(text, int, key)
+            if not 1 <= value <= 2**40:
+                raise SpecError(f"{prefix}{key}: must be an integer between 1 and 2^40, got "
+                                f"{text!r}")
+            return value
         if key == "alpha":
             value = _convert(text, float, key)
             if not (math.isfinite(value) and value > 0):
@@ -304,7 +337,7 @@ def type_field(workload: str, key: str, text: str, where: str = "") -> Any:
 def _is_tuple_field(workload: str, key: str) -> bool:
     from prefixshield.workloads import WORKLOADS
 
-    if workload not in WORKLOADS or key in ENGINE_KEYS or "." in key:
+    if workload not in WORKLOADS or key in ENGINE_KEYS or key in SCHEDULER_KEYS or "." in key:
         return False
     hints = typing.get_type_hints(WORKLOADS[workload].params_type)
     tp = hints.get(key)

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from prefixshield.policies import make_policy
+from prefixshield.scheduling.config import SchedulerConfig
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import CostModel
 from prefixshield.simulator.engine import Engine
@@ -84,8 +85,12 @@ def measure_c_prefill(cost: CostModel, config: EngineConfig, prompt_tokens,
                       output_tokens) -> float:
     """Requests/s at which this profile and engine serve the distinct-prefix probe requests
     (``prompt_tokens[i]``, ``output_tokens[i]``; LRU): ``len / makespan``. Cached in the process
-    and on disk (module docstring)."""
-    return _measure(cost, replace(config, check_invariants=False),
+    and on disk (module docstring).
+
+    The engine's capacity, not a tenant's: the probe runs under vLLM's FCFS without per-tenant
+    limits whatever ``config.scheduler`` says, so a workload's arrival rates (alpha x
+    C_prefill) -- and therefore its trace -- are the same under every scheduler."""
+    return _measure(cost, replace(config, check_invariants=False, scheduler=SchedulerConfig()),
                    tuple(int(x) for x in prompt_tokens), tuple(int(x) for x in output_tokens))
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from prefixshield.policies.base import COMPAT_MODES
+from prefixshield.scheduling.config import SchedulerConfig
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,8 @@ class EngineConfig:
             (off for "0.10", on for "current").
         hash_seed: seed of the block hash chain (fixed; never from os.urandom).
         check_invariants: verify the pool's invariants after every step (slow; for debugging).
+        scheduler: the scheduling policy and per-tenant limits (default: vLLM's FCFS, no
+            limits).
     """
 
     num_blocks: int = 512
@@ -32,8 +35,13 @@ class EngineConfig:
     reserve_full_prompt: bool | None = None
     hash_seed: int = 0
     check_invariants: bool = False
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
+        if isinstance(self.scheduler, dict):
+            object.__setattr__(self, "scheduler", SchedulerConfig.from_dict(self.scheduler))
+        if not isinstance(self.scheduler, SchedulerConfig):
+            raise ValueError(f"scheduler must be a SchedulerConfig, got {self.scheduler!r}")
         for name in ("num_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool):
@@ -56,5 +64,11 @@ class EngineConfig:
         return self.reserve_full_prompt
 
     def to_dict(self) -> dict:
-        """Plain dict for writing next to results."""
-        return asdict(self)
+        """Plain dict for writing next to results. The scheduler appears only when it is not
+        vLLM's default (FCFS, no limits): a configuration written before schedulers existed
+        describes the same engine, and keys derived from it (stored cells, cached
+        measurements) stay valid."""
+        d = {k: v for k, v in asdict(self).items() if k != "scheduler"}
+        if not self.scheduler.is_default:
+            d["scheduler"] = self.scheduler.to_dict()
+        return d

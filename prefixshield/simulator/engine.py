@@ -49,6 +49,8 @@ import simpy
 
 from prefixshield.machine import physical_memory_bytes
 from prefixshield.policies.base import POLICIES, Policy
+from prefixshield.scheduling.config import capped_outputs, over_block_limit
+from prefixshield.scheduling.registry import make_scheduler
 from prefixshield.simulator import batch as bk
 from prefixshield.simulator import fused as fz
 from prefixshield.simulator.blockpool import BlockPool
@@ -92,11 +94,61 @@ def _index_of(column: pd.Series, names: list[str]) -> np.ndarray:
     return np.array([index[str(u)] for u in uniques], dtype=np.int64)[codes]
 
 
+class _Chunks:
+    """Token ids and block hashes of consecutive requests (arrival order), built for a chunk of
+    them per kernel call (:func:`batch.build_sequences`) and kept until a request outside the
+    chunk is asked for: at most :attr:`Engine.CHUNK_REQUESTS` requests and
+    :attr:`Engine.CHUNK_TOKENS` tokens unless one is longer."""
+
+    def __init__(self, engine: "Engine") -> None:
+        self.engine = engine
+        self.lo = self.hi = 0
+
+    def get(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Request ``i``'s token ids (prompt then output) and full-block hashes (views)."""
+        if not self.lo <= i < self.hi:
+            self._build(i)
+        j = i - self.lo
+        t0, t1 = int(self.token_offsets[j]), int(self.token_offsets[j + 1])
+        h0, h1 = int(self.hash_offsets[j]), int(self.hash_offsets[j + 1])
+        return self.tokens[t0:t1], self.hashes_flat[h0:h1]
+
+    def hashes(self, i: int) -> np.ndarray:
+        """Request ``i``'s full-block hashes (a view)."""
+        return self.get(i)[1]
+
+    def _build(self, lo: int) -> None:
+        eng = self.engine
+        n = len(eng.arrival_s)
+        hi = min(n, lo + eng.CHUNK_REQUESTS)
+        totals = eng._total_tokens[lo:hi]
+        fits = int(np.searchsorted(np.cumsum(totals), eng.CHUNK_TOKENS, side="right"))
+        hi = lo + max(1, fits)
+        B = eng.config.block_size
+        num_tokens = int(eng._total_tokens[lo:hi].sum())
+        num_hashes = int((eng._total_tokens[lo:hi] // B).sum())
+        self.tokens = np.empty(num_tokens, dtype=np.int64)
+        self.hashes_flat = np.empty(num_hashes, dtype=np.uint64)
+        self.token_offsets = np.empty(hi - lo + 1, dtype=np.int64)
+        self.hash_offsets = np.empty(hi - lo + 1, dtype=np.int64)
+        tr = eng.trace
+        bk.build_sequences(np.int64(tr.seed), np.int64(tr.vocab_size), eng._seg_ids_flat,
+                           eng._seg_lens_flat, eng._seg_offsets, eng.output_segment_id,
+                           eng.output_tokens, np.int64(tr.seed ^ OUTPUT_SEED_SALT),
+                           eng.group_id, B, np.int64(eng.config.hash_seed), lo, hi,
+                           self.tokens, self.token_offsets, self.hashes_flat,
+                           self.hash_offsets)
+        self.lo, self.hi = lo, hi
+
+
 def _flat_int64(cells: list) -> np.ndarray:
     """The cells (sequences of ints) one after another, int64."""
     if not cells:
         return np.zeros(0, dtype=np.int64)
     return np.concatenate(cells).astype(np.int64, copy=False)
+
+
+_NO_TOKENS = np.empty(0, dtype=np.int64)
 
 
 class EngineError(RuntimeError):
@@ -185,6 +237,20 @@ class Engine:
         self.arrival_s = df["arrival_s"].to_numpy(np.float64)
         self.prefix_id = df["prefix_id"].to_numpy(np.int64)
         self.output_tokens = df["output_tokens"].to_numpy(np.int64)
+        try:
+            self.scheduler = make_scheduler(config.scheduler, self.groups, self.arrival_s,
+                                            self.group_id)
+        except ValueError as e:
+            raise EngineError(f"scheduler {config.scheduler.name}: {e}") from None
+        # a gateway's max_tokens: a request decodes at most its group's cap
+        self.output_tokens = capped_outputs(self.scheduler.limits, self.group_id,
+                                            self.output_tokens)
+        # Schedulers other than vLLM's default FCFS without limits order, preempt and admit
+        # through self.scheduler, which only the step-by-step path calls.
+        self.scheduled_by_policy = not config.scheduler.is_default
+        if self.scheduled_by_policy:
+            batched = False
+            self.batched = False
         # Row access through pandas costs tens of microseconds; the arrival path reads these.
         self._segment_ids = df["segment_ids"].tolist()
         self._segment_lengths = df["segment_lengths"].tolist()
@@ -209,6 +275,14 @@ class Engine:
                 f"{int(self.prompt_tokens[i] + self.output_tokens[i])} tokens of KV cache but the "
                 f"pool holds {usable_tokens} ({config.num_blocks - 1} usable blocks x "
                 f"{config.block_size} tokens)")
+        over = over_block_limit(self.scheduler.limits, self.group_id,
+                                self.prompt_tokens + self.output_tokens, config.block_size)
+        if over is not None:
+            i, need, cap = over
+            raise EngineError(
+                f"request {int(df['request_id'].iloc[i])} (row {i}) of group "
+                f"{self.groups[self.group_id[i]]!r} needs up to {need} blocks, more than the "
+                f"group's max_blocks limit {cap}: it could be held back for ever")
         unknown = [c for c in self.contracts if c not in contracts]
         if unknown:
             raise EngineError(f"trace names contract {unknown[0]!r}, which is not configured; "
@@ -222,6 +296,11 @@ class Engine:
         self.cached_tokens = np.full(n, -1, dtype=np.int64)
         self.num_preemptions = np.zeros(n, dtype=np.int64)
         self.num_new_blocks = np.zeros(n, dtype=np.int64)
+        # queueing and KV consumption: first admission (s), tokens cached at arrival (-1:
+        # not arrived), KV block-seconds of the request's block table over its life
+        self.admitted_s = np.full(n, np.nan)
+        self.arrival_cached_tokens = np.full(n, -1, dtype=np.int64)
+        self.block_s = np.zeros(n, dtype=np.float64)
         self.env = simpy.Environment()
         # Requests wait as their row index and become Sequences (token ids, block hashes) when
         # they first reach the head (see _waiting_head): an overloaded engine's queue holds an
@@ -250,30 +329,54 @@ class Engine:
             # (batch.build_sequences) instead of a handful of calls per request.
             self._seg_ids_flat = _flat_int64(self._segment_ids)
             self._total_tokens = self.prompt_tokens + self.output_tokens
-            self._chunk_lo = self._chunk_hi = 0
+            self._head_chunks = _Chunks(self)
+            # the arrivals' lookups build their own chunks: heads lag arrivals by the queue
+            self._arrival_chunks = _Chunks(self)
 
     # ------------------------------------------------------------------ processes
     def _arrivals(self):
         env = self.env
+        B = self.config.block_size
         for i in range(len(self.arrival_s)):
             delay = self.arrival_s[i] - env.now
             if delay > 0:
                 yield env.timeout(delay)
-            self.waiting.append(i)
+            # the prefix cached at arrival (what a request would hit if admitted at once)
+            if self.batched:
+                hashes = self._arrival_chunks.hashes(i)
+                max_blocks = (int(self.prompt_tokens[i]) - 1) // B
+                self.arrival_cached_tokens[i] = (
+                    self.pool.find_cached_prefix(hashes, max_blocks).shape[0] * B)
+                self.waiting.append(i)
+            else:
+                # the step-by-step path builds a request on arrival (the scheduler orders
+                # requests by what they are) and keeps its block hashes, not its token ids
+                # (16x smaller with 16-token blocks): nothing reads them once hashed
+                seq = self._make_sequence(i)
+                seq.token_ids = _NO_TOKENS
+                hits, num_hit_tokens = self.kv.get_computed_blocks(seq)
+                self.arrival_cached_tokens[i] = num_hit_tokens
+                self.scheduler.arrive(seq)
             self._next_arrival = i + 1
             if self._wakeup is not None and not self._wakeup.triggered:
                 self._wakeup.succeed()
 
+    def _has_waiting(self) -> bool:
+        """Whether any request waits (the batched path's deque, else the scheduler's queue)."""
+        return bool(self.waiting) if self.batched else bool(self.scheduler)
+
     def _waiting_head(self) -> Sequence:
-        """The head of the waiting queue, built into a :class:`Sequence` on its first visit.
+        """The head of the waiting queue, built into a :class:`Sequence` on its first visit
+        (batched path) -- or the scheduler's next request (step-by-step path).
 
         Heads are built in arrival order (FCFS; a preempted request returns to the head already
         built), so the batched path's chunks of token ids are built in the same order as if every
         request were built on arrival: the same tokens, the same hashes, the same results."""
+        if not self.batched:
+            return self.scheduler.peek()
         head = self.waiting[0]
         if isinstance(head, int):
-            head = (self._make_sequence_batched(head) if self.batched
-                    else self._make_sequence(head))
+            head = self._make_sequence_batched(head)
             self.waiting[0] = head
         return head
 
@@ -299,46 +402,17 @@ class Engine:
 
     def _make_sequence_batched(self, i: int) -> Sequence:
         """:meth:`_make_sequence` from chunks built ahead (same tokens, same hashes)."""
-        if not self._chunk_lo <= i < self._chunk_hi:
-            self._build_chunk(i)
-        j = i - self._chunk_lo
-        t0, t1 = int(self._chunk_token_offsets[j]), int(self._chunk_token_offsets[j + 1])
-        h0, h1 = int(self._chunk_hash_offsets[j]), int(self._chunk_hash_offsets[j + 1])
-        max_blocks = -(-(t1 - t0) // self.config.block_size)
+        tokens, hashes = self._head_chunks.get(i)
+        max_blocks = -(-tokens.shape[0] // self.config.block_size)
         return Sequence(i, int(self.group_id[i]), int(self.contract_id[i]),
-                        int(self.prefix_id[i]), self._chunk_tokens[t0:t1],
-                        int(self.prompt_tokens[i]), self._chunk_hashes[h0:h1],
+                        int(self.prefix_id[i]), tokens, int(self.prompt_tokens[i]), hashes,
                         blocks=np.empty(max_blocks + 1, dtype=np.int32))
-
-    def _build_chunk(self, lo: int) -> None:
-        """Token ids and block hashes of the requests from ``lo`` on (arrival order), at most
-        :attr:`CHUNK_REQUESTS` of them and :attr:`CHUNK_TOKENS` tokens unless one is longer."""
-        n = len(self.arrival_s)
-        hi = min(n, lo + self.CHUNK_REQUESTS)
-        totals = self._total_tokens[lo:hi]
-        fits = int(np.searchsorted(np.cumsum(totals), self.CHUNK_TOKENS, side="right"))
-        hi = lo + max(1, fits)
-        B = self.config.block_size
-        num_tokens = int(self._total_tokens[lo:hi].sum())
-        num_hashes = int((self._total_tokens[lo:hi] // B).sum())
-        self._chunk_tokens = np.empty(num_tokens, dtype=np.int64)
-        self._chunk_hashes = np.empty(num_hashes, dtype=np.uint64)
-        self._chunk_token_offsets = np.empty(hi - lo + 1, dtype=np.int64)
-        self._chunk_hash_offsets = np.empty(hi - lo + 1, dtype=np.int64)
-        tr = self.trace
-        bk.build_sequences(np.int64(tr.seed), np.int64(tr.vocab_size), self._seg_ids_flat,
-                           self._seg_lens_flat, self._seg_offsets, self.output_segment_id,
-                           self.output_tokens, np.int64(tr.seed ^ OUTPUT_SEED_SALT),
-                           self.group_id, B, np.int64(self.config.hash_seed), lo, hi,
-                           self._chunk_tokens, self._chunk_token_offsets, self._chunk_hashes,
-                           self._chunk_hash_offsets)
-        self._chunk_lo, self._chunk_hi = lo, hi
 
     def _engine(self):
         env = self.env
         n = len(self.arrival_s)
         while True:
-            if not self.running and not self.waiting:
+            if not self.running and not self._has_waiting():
                 if self._next_arrival >= n:
                     return
                 self._wakeup = env.event()
@@ -356,17 +430,57 @@ class Engine:
 
     # ------------------------------------------------------------------ one step
     def _preempt_last(self, now: float) -> Sequence:
+        """The batched path's preemption: vLLM's FCFS rule, the newest running request."""
         victim = self.running.pop()
         self.kv.free(victim, now)
         self.num_preemptions[victim.request_id] += 1
         self.waiting.appendleft(victim)
         return victim
 
+    def _preempt(self, now: float) -> tuple[Sequence, int]:
+        """The step-by-step path's preemption: the scheduler's victim leaves the running list
+        (freed, to wait again). Returns it and the position it had."""
+        j = self.scheduler.victim(self.running)
+        victim = self.running.pop(j)
+        self.kv.free(victim, now)
+        self.num_preemptions[victim.request_id] += 1
+        self.scheduler.requeue(victim)
+        return victim, j
+
+    def _eligible(self):
+        """The per-tenant admission test of the waiting requests (None without limits): the
+        group runs fewer than ``max_running`` requests, and its running requests' block tables
+        plus the request's own known tokens' blocks fit ``max_blocks``."""
+        limits = self.scheduler.limits
+        if not any(lim.max_running or lim.max_blocks for lim in limits):
+            return None
+        running_count = np.zeros(len(self.groups), dtype=np.int64)
+        held = np.zeros(len(self.groups), dtype=np.int64)
+        for s in self.running:
+            running_count[s.group] += 1
+            held[s.group] += s.num_blocks
+        B = self.config.block_size
+
+        def eligible(seq: Sequence) -> bool:
+            lim = limits[seq.group]
+            if lim.max_running is not None and running_count[seq.group] >= lim.max_running:
+                return False
+            return lim.max_blocks is None or (
+                held[seq.group] + -(-seq.num_tokens // B) <= lim.max_blocks)
+
+        def admitted(seq: Sequence) -> None:
+            running_count[seq.group] += 1
+            held[seq.group] += seq.num_blocks
+
+        eligible.admitted = admitted
+        return eligible
+
     def _step(self):
         """One scheduler iteration and its timed step. Returns True if the next steps are quiet."""
         env, kv, cfg = self.env, self.kv, self.config
         now = env.now
         self.num_events += 1
+        sched = self.scheduler
         budget = cfg.max_num_batched_tokens
         scheduled: list[tuple[Sequence, int]] = []
         preempted = False
@@ -377,7 +491,14 @@ class Engine:
             seq_preempted = False
             while not kv.allocate_slots(seq, num_new, now):
                 preempted = True
-                if self._preempt_last(now) is seq:
+                victim, j = self._preempt(now)
+                if j < i:
+                    # scheduled earlier in this step: it leaves the step and its tokens go
+                    # back to the budget (vLLM's priority path; FCFS never gets here)
+                    k = next(x for x, (s, _) in enumerate(scheduled) if s is victim)
+                    budget += scheduled.pop(k)[1]
+                    i -= 1
+                if victim is seq:
                     seq_preempted = True
                     break
             if seq_preempted:
@@ -388,20 +509,30 @@ class Engine:
         admitted = 0
         first_admissions = 0
         head_blocked = False
+        held_back = False
         if not preempted:
-            while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
-                seq = self._waiting_head()
+            eligible = self._eligible()
+            while sched and budget > 0 and len(self.running) < cfg.max_num_seqs:
+                seq = sched.peek(eligible)
+                if seq is None:
+                    held_back = True  # every waiting request is held back by its group's limit
+                    break
                 hits, num_hit_tokens = kv.get_computed_blocks(seq)
                 num_new = min(seq.num_tokens - num_hit_tokens, budget)
                 reserve = seq.num_tokens if cfg.reserves_full_prompt else 0
                 if not kv.allocate_slots(seq, num_new, now, hits, reserve):
                     head_blocked = True
                     break
-                self.waiting.popleft()
+                sched.pop(seq)
                 self.running.append(seq)
-                if self.cached_tokens[seq.request_id] < 0:
+                if eligible is not None:
+                    eligible.admitted(seq)
+                first = self.cached_tokens[seq.request_id] < 0
+                if first:
                     self.cached_tokens[seq.request_id] = num_hit_tokens
+                    self.admitted_s[seq.request_id] = now
                     first_admissions += 1
+                sched.on_admit(seq, first, now)
                 scheduled.append((seq, num_new))
                 budget -= num_new
                 admitted += 1
@@ -434,12 +565,17 @@ class Engine:
         for seq in finished:
             self.running.remove(seq)
             self.kv.free(seq, now, finished=True)
+            self.block_s[seq.request_id] = seq.block_s
         self._record_occupancy(now)
         if cfg.check_invariants:
             self.pool.check_invariants()
         if preempted or admitted or finished:
             return False
-        waiting_stuck = (not self.waiting) or head_blocked or len(self.running) >= cfg.max_num_seqs
+        # Quiet decode steps change no block table and free nothing, so a request held back by
+        # a limit stays held, and one that did not fit still does not -- unless the scheduler's
+        # order moves with decoding (VTC's counters) and may try another one next step.
+        waiting_stuck = ((not sched) or (head_blocked and sched.order_fixed) or held_back
+                         or len(self.running) >= cfg.max_num_seqs)
         return waiting_stuck and bool(self.running) and all(
             s.num_computed_tokens == s.num_tokens - 1 and s.num_output_done > 0 for s in self.running)
 
@@ -464,6 +600,7 @@ class Engine:
     def _emit_token(self, seq: Sequence, now: float, finished: list) -> None:
         rid = seq.request_id
         seq.num_output_done += 1
+        self.scheduler.on_output(seq.group, 1)
         if seq.num_output_done == 1:
             self.first_token_s[rid] = now
         if seq.num_output_done >= self.output_tokens[rid]:
@@ -505,6 +642,7 @@ class Engine:
         for s in running:
             s.num_computed_tokens += k
             s.num_output_done += k
+            self.scheduler.on_output(s.group, k)
 
     # ------------------------------------------------------------------ the batched step
     def _sync_sequence(self, seq: Sequence) -> None:
@@ -588,6 +726,7 @@ class Engine:
                 self._store_blocks(seq)
                 if self.cached_tokens[r] < 0:
                     self.cached_tokens[r] = num_hit_tokens
+                    self.admitted_s[r] = now
                     first_admissions += 1
                 budget -= k
                 admitted += 1
@@ -620,6 +759,7 @@ class Engine:
                 self._sync_sequence(seq)
                 self.num_new_blocks[seq.request_id] = seq.num_materialized_blocks
                 kv.free(seq, now, finished=True)
+                self.block_s[seq.request_id] = seq.block_s
             for i in reversed(positions):
                 del running[i]
             bk.remove_positions(run_ids, len(running) + num_finished, self._finished,
@@ -839,6 +979,9 @@ class Engine:
         cre_t = np.empty(cap, dtype=np.float64)
         cre = [np.empty(cap, dtype=np.int64) for _ in range(3)]
         fz.start(ctl, fctl, self.arrival_s, waiting)
+        # the requests due at t = 0 arrive to an empty pool
+        self.arrival_cached_tokens[:int(ctl[fz.NEXT_ARRIVAL])] = 0
+        held_since = np.zeros(n, dtype=np.float64)
         while True:
             if log is None:
                 log_cols = (np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int32),
@@ -855,7 +998,8 @@ class Engine:
                 victims, evicted, was_free, freed, cached, order, pool.ref_cnt, pool.block_hash,
                 pool.hash_next, pool.owner_group, pool.occupancy, pool.evictions,
                 pool._map_keys, pool._map_vals, pool._map_size, *lists, ps, *log_cols,
-                log_meta, *quota_state, *s3_state, occ_t, occ, cre_t, *cre)
+                log_meta, *quota_state, *s3_state, occ_t, occ, cre_t, *cre, self.admitted_s,
+                self.arrival_cached_tokens, self.block_s, held_since)
             if log is not None:
                 log.size, log.stride, log.num_charges = (int(x) for x in log_meta)
             if ctl[fz.POLICY] == fz.POLICY_S3FIFO:

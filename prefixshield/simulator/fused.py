@@ -279,12 +279,14 @@ def _ps_num_free(ps):
 @njit(cache=True, _nrt=False)
 def _free_request(r, ctl, now, state, table, table_off, ref_cnt, block_hash, owner, occupancy,
                   freed, cached, order, prev, nxt, member, length, ps, q_owner, q_occupancy,
-                  s3_in_use, s3_key, s3_cnt):
+                  s3_in_use, s3_key, s3_cnt, block_s, held_since):
     """``KVCacheManager.free``: release request ``r``'s blocks tail first, hand the ones
     reaching ref_cnt 0 to the policy (``on_release``); the row's blocks and computed tokens
     drop to 0."""
     nb = state[r, bk.NUM_BLOCKS]
     if nb:
+        block_s[r] += nb * (now - held_since[r])
+        held_since[r] = now
         off = table_off[r]
         for j in range(nb):
             order[j] = table[off + nb - 1 - j]
@@ -327,7 +329,8 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, state, materialized
               evicted, was_free, ref_cnt, block_hash, hash_next, owner, occupancy, evictions,
               map_keys, map_vals, map_size, prev, nxt, member, length, ps, log_t, log_g, log_d,
               log_cls, log_meta, q_owner, q_occupancy, s3_freq, s3_in_use, s3_key, s3_cnt,
-              s3_params, s3_gkeys, s3_gtab, s3_gpos, cre_t, cre_g, cre_c, cre_b):
+              s3_params, s3_gkeys, s3_gtab, s3_gpos, cre_t, cre_g, cre_c, cre_b,
+              block_s, held_since):
     """``KVCacheManager.allocate_slots`` of request ``r`` (hits ``hits[:num_hit]``, reservation
     ``reserve`` tokens) under the policy ``ctl[POLICY]``; False if the blocks do not fit
     (nothing changed then). The pool calls the policy's events in :class:`BlockPool`'s order:
@@ -346,6 +349,10 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, state, materialized
     g = group_id[r]
     if need and need > _available(ctl, length, ps, q_occupancy, s3_cnt, g):
         return False
+    if num_hit or _cdiv(need_slot, B) > nb0 + num_hit:
+        # KVCacheManager.allocate_slots' block-seconds: the table grows
+        block_s[r] += nb0 * (now - held_since[r])
+        held_since[r] = now
     c = contract_id[r]
     off = table_off[r]
     if num_hit:
@@ -435,7 +442,7 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
              occupancy, evictions, map_keys, map_vals, map_size, prev, nxt, member, length, ps,
              log_t, log_g, log_d, log_cls, log_meta, q_owner, q_occupancy, s3_freq, s3_in_use,
              s3_key, s3_cnt, s3_params, s3_gkeys, s3_gtab, s3_gpos, occ_t, occ, cre_t, cre_g,
-             cre_c, cre_b):
+             cre_c, cre_b, admitted_s, arrival_cached, block_s, held_since):
     """Run the engine's event loop from the state in ``ctl`` / ``fctl`` until it returns.
 
     Args (all updated in place; ids index the trace's rows):
@@ -517,7 +524,7 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
                                     log_t, log_g, log_d, log_cls, log_meta, q_owner,
                                     q_occupancy, s3_freq, s3_in_use, s3_key, s3_cnt,
                                     s3_params, s3_gkeys, s3_gtab, s3_gpos, cre_t, cre_g,
-                                    cre_c, cre_b):
+                                    cre_c, cre_b, block_s, held_since):
                     preempted = True
                     # preempt the newest running request (recompute): it waits at the head
                     nrun -= 1
@@ -525,7 +532,7 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
                     _free_request(victim, ctl, now, state, table, table_off, ref_cnt,
                                   block_hash, owner, occupancy, freed, cached, order, prev, nxt,
                                   member, length, ps, q_owner, q_occupancy, s3_in_use,
-                                  s3_key, s3_cnt)
+                                  s3_key, s3_cnt, block_s, held_since)
                     num_preemptions[victim] += 1
                     h = (ctl[WAIT_HEAD] - 1) % wcap
                     waiting[h] = victim
@@ -560,7 +567,7 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
                                      log_t, log_g, log_d, log_cls, log_meta, q_owner,
                                      q_occupancy, s3_freq, s3_in_use, s3_key, s3_cnt,
                                      s3_params, s3_gkeys, s3_gtab, s3_gpos, cre_t, cre_g,
-                                     cre_c, cre_b):
+                                     cre_c, cre_b, block_s, held_since):
                         head_blocked = True
                         break
                     ctl[WAIT_HEAD] = (ctl[WAIT_HEAD] + 1) % wcap
@@ -570,6 +577,7 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
                     nrun += 1
                     if cached_tokens[r] < 0:
                         cached_tokens[r] = nh * B
+                        admitted_s[r] = now
                         first_admissions += 1
                     budget -= k
                     admitted += 1
@@ -623,6 +631,10 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
             fctl[NOW] = now
             while True:
                 a = ctl[NEXT_ARRIVAL]
+                # the prefix cached at arrival (Engine._arrivals)
+                h0 = hash_off[a]
+                arrival_cached[a] = _find_hits(map_keys, map_vals, hashes[h0:hash_off[a + 1]],
+                                               (state[a, bk.PROMPT] - 1) // B, hits) * B
                 waiting[(ctl[WAIT_HEAD] + ctl[WAIT_COUNT]) % wcap] = a
                 ctl[WAIT_COUNT] += 1
                 ctl[NEXT_ARRIVAL] = a + 1
@@ -660,7 +672,8 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
             num_new_blocks[r] = materialized[r]
             _free_request(r, ctl, now, state, table, table_off, ref_cnt, block_hash, owner,
                           occupancy, freed, cached, order, prev, nxt, member, length, ps,
-                          q_owner, q_occupancy, s3_in_use, s3_key, s3_cnt)
+                          q_owner, q_occupancy, s3_in_use, s3_key, s3_cnt, block_s,
+                          held_since)
         if num_finished:
             nrun = bk.remove_positions(run_ids, nrun, finished, num_finished)
             ctl[NUM_RUNNING] = nrun

@@ -35,6 +35,9 @@ class Sequence:
         num_cached_blocks: leading blocks of the table that carry this request's hashes.
         num_materialized_blocks: full blocks this request computed and cached, over its life
             (recomputation after preemption counts again: the KV state is created again).
+        block_s: KV block-seconds its block table held so far (blocks x seconds, summed over
+            the intervals between changes of ``num_blocks``).
+        held_since: simulated seconds of the last change of ``num_blocks``.
     """
 
     request_id: int
@@ -50,6 +53,8 @@ class Sequence:
     num_blocks: int = 0
     num_cached_blocks: int = 0
     num_materialized_blocks: int = 0
+    block_s: float = 0.0
+    held_since: float = 0.0
 
     @property
     def num_tokens(self) -> int:
@@ -128,6 +133,11 @@ class KVCacheManager:
         # A free-block count is never negative, so asking for none always fits: skip the count.
         if need and need > pool.num_free_blocks(seq.group):
             return False
+        if num_hit or -(-num_tokens_need_slot // self.block_size) > seq.num_blocks + num_hit:
+            # the table grows: close its interval at the old size (only at a change, so a step
+            # that takes no block adds nothing and every path sums the same terms)
+            seq.block_s += seq.num_blocks * (now - seq.held_since)
+            seq.held_since = now
         if num_hit:
             pool.touch(new_computed_blocks, seq.group, seq.contract, seq.prefix_id, now,
                        seq.block_hashes[0])
@@ -162,6 +172,8 @@ class KVCacheManager:
         """Release ``seq``'s blocks, tail first (vLLM frees in reverse so tails are evicted
         first); ``finished``: the request ended (else it was preempted and comes back)."""
         if seq.num_blocks:
+            seq.block_s += seq.num_blocks * (now - seq.held_since)
+            seq.held_since = now
             self.pool.free_blocks(seq.blocks[seq.num_blocks - 1::-1].copy(), now)
         if finished:
             self.pool.request_finished(seq.request_id)

@@ -61,6 +61,13 @@ def summarize(result: RunResult) -> dict:
     ``preemptions``, ``evictions`` (cached blocks reclaimed), ``attacker_pressure_ratio`` and
     ``attacker_mean_debt_blocks`` (measured over the pressure window; NaN without an attacker),
     ``sim_steps`` and ``sim_events``.
+
+    Queueing beside the cache: ``mean_queue_s`` and ``p95_queue_s`` (arrival to first
+    admission, seconds) and ``arrival_hit_ratio`` (mean hit fraction of the prefix cached when
+    each request *arrived*; ``hit_ratio`` is at admission, so their difference is what the cache
+    lost while the population queued). KV consumption: ``attacker_block_s`` (KV block-seconds
+    held by the attacker's requests, NaN without an attacker) and ``attacker_kv_share`` (its
+    share of every request's block-seconds).
     """
     rec = result.records
     pop = population(rec)
@@ -70,6 +77,13 @@ def summarize(result: RunResult) -> dict:
     else:
         window = result.trace_meta.get("pressure_window_s") or measured_window(result)
         pressure = creation(result, att, tuple(window))
+    if att is None:
+        kv = {"attacker_block_s": float("nan"), "attacker_kv_share": float("nan")}
+    else:
+        att_bs = float(rec.loc[rec["group"] == att, "block_s"].sum())
+        total = float(rec["block_s"].sum())
+        kv = {"attacker_block_s": att_bs,
+              "attacker_kv_share": att_bs / total if total > 0 else float("nan")}
     return {
         "population": "victim" if (pop["role"] == "victim").any() else "all",
         "requests": int(len(pop)),
@@ -83,6 +97,11 @@ def summarize(result: RunResult) -> dict:
         "evictions": int(result.evictions.sum()),
         "attacker_pressure_ratio": pressure["pressure_ratio"],
         "attacker_mean_debt_blocks": pressure["mean_debt_blocks"],
+        "mean_queue_s": float(pop["queue_s"].mean()) if len(pop) else float("nan"),
+        "p95_queue_s": _p(pop["queue_s"], 95),
+        "arrival_hit_ratio": (float(pop["arrival_hit_fraction"].mean()) if len(pop)
+                              else float("nan")),
+        **kv,
         "sim_steps": int(result.num_steps),
         "sim_events": int(result.num_events),
     }
@@ -98,7 +117,10 @@ def occupancy_frame(result: RunResult) -> pd.DataFrame:
 def group_table(result: RunResult) -> pd.DataFrame:
     """Per-group view: measured requests, hit ratio, TTFT percentiles, blocks created, occupancy
     (peak, and time-weighted mean over the measured window), evictions caused and suffered, and
-    creation pressure and mean debt over the measured window."""
+    creation pressure and mean debt over the measured window; queueing (mean and P95 seconds from
+    arrival to first admission, hit ratio at arrival beside the one at admission) and KV held by
+    running requests (``block_s``: block-seconds of all the group's requests; ``held_blocks``:
+    that over the run's span, the mean blocks its running requests held)."""
     rec = result.records
     measured = rec[rec["measured"]]
     t = result.occupancy_t
@@ -126,6 +148,13 @@ def group_table(result: RunResult) -> pd.DataFrame:
             "evictions_suffered": int(result.evictions[:, gi].sum()),
             "pressure_ratio": made["pressure_ratio"],
             "mean_debt_blocks": made["mean_debt_blocks"],
+            "mean_queue_s": float(m["queue_s"].mean()) if len(m) else float("nan"),
+            "p95_queue_s": _p(m["queue_s"], 95),
+            "arrival_hit_ratio": (float(m["arrival_hit_fraction"].mean()) if len(m)
+                                  else float("nan")),
+            "block_s": float(rec.loc[rec["group"] == g, "block_s"].sum()),
+            "held_blocks": (float(rec.loc[rec["group"] == g, "block_s"].sum()) / (end - start)
+                            if end > start else float("nan")),
         })
     return pd.DataFrame(rows)
 

@@ -49,8 +49,18 @@ RECORD_COLUMNS: tuple[tuple[str, str], ...] = (
     ("ttft_s", "float64"),
     ("e2e_s", "float64"),
     ("preemptions", "int64"),
+    ("queue_s", "float64"),
+    ("arrival_cached_tokens", "int64"),
+    ("arrival_hit_fraction", "float64"),
+    ("block_s", "float64"),
 )
-"""The records' columns in order, with their dtypes (``object``: Python ``str`` cells)."""
+"""The records' columns in order, with their dtypes (``object``: Python ``str`` cells).
+
+``queue_s``: seconds from arrival to first admission (queueing before the cache is read);
+``arrival_cached_tokens`` / ``arrival_hit_fraction``: the prefix cached when the request
+arrived, beside ``cached_tokens`` / ``hit_fraction`` when it was admitted -- the difference is
+what the cache lost while the request queued; ``block_s``: KV block-seconds its block table
+held over its life (what the request consumed of the cache)."""
 
 
 def _names_of(names: list[str], ids: np.ndarray, out: np.ndarray) -> None:
@@ -69,7 +79,8 @@ def build_records(engine: Any) -> pd.DataFrame:
             read are its trace's ``request_id``, ``role`` and ``measured`` columns, and its
             per-request arrays (``arrival_s``, ``group_id``, ``contract_id``, ``prefix_id``,
             ``prompt_tokens``, ``cached_tokens``, ``num_new_blocks``, ``output_tokens``,
-            ``first_token_s``, ``finish_s``, ``num_preemptions``) and name lists (``groups``,
+            ``first_token_s``, ``finish_s``, ``num_preemptions``, ``admitted_s``,
+            ``arrival_cached_tokens``, ``block_s``) and name lists (``groups``,
             ``contracts``).
 
     Returns:
@@ -78,13 +89,13 @@ def build_records(engine: Any) -> pd.DataFrame:
     """
     df = engine.trace.requests
     n = len(df)
-    ints = np.empty((8, n), dtype=np.int64)
-    floats = np.empty((4, n), dtype=np.float64)
+    ints = np.empty((9, n), dtype=np.int64)
+    floats = np.empty((7, n), dtype=np.float64)
     strings = np.empty((3, n), dtype=object)
     flags = np.empty((1, n), dtype=np.bool_)
     (request_id, prefix_id, prompt, cached, new_tokens, new_blocks, output,
-     preemptions) = ints
-    arrival, hit_fraction, ttft, e2e = floats
+     preemptions, arrival_cached) = ints
+    arrival, hit_fraction, ttft, e2e, queue, arrival_hit, block_s = floats
     group, contract, role = strings
     measured = flags[0]
     np.copyto(request_id, df["request_id"].to_numpy(np.int64))
@@ -103,6 +114,10 @@ def build_records(engine: Any) -> pd.DataFrame:
     np.subtract(engine.first_token_s, engine.arrival_s, out=ttft)
     np.subtract(engine.finish_s, engine.arrival_s, out=e2e)
     np.copyto(preemptions, engine.num_preemptions)
+    np.subtract(engine.admitted_s, engine.arrival_s, out=queue)
+    np.copyto(arrival_cached, engine.arrival_cached_tokens)
+    np.divide(engine.arrival_cached_tokens, engine.prompt_tokens, out=arrival_hit)
+    np.copyto(block_s, engine.block_s)
     return pd.DataFrame({
         "request_id": request_id,
         "arrival_s": arrival,
@@ -120,4 +135,8 @@ def build_records(engine: Any) -> pd.DataFrame:
         "ttft_s": ttft,
         "e2e_s": e2e,
         "preemptions": preemptions,
+        "queue_s": queue,
+        "arrival_cached_tokens": arrival_cached,
+        "arrival_hit_fraction": arrival_hit,
+        "block_s": block_s,
     }, copy=False)

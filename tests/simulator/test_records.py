@@ -43,6 +43,10 @@ def dict_records(engine: Engine) -> pd.DataFrame:
         "ttft_s": engine.first_token_s - engine.arrival_s,
         "e2e_s": engine.finish_s - engine.arrival_s,
         "preemptions": engine.num_preemptions,
+        "queue_s": engine.admitted_s - engine.arrival_s,
+        "arrival_cached_tokens": engine.arrival_cached_tokens,
+        "arrival_hit_fraction": engine.arrival_cached_tokens / engine.prompt_tokens,
+        "block_s": engine.block_s,
     })
 
 

@@ -1,0 +1,200 @@
+"""Scheduling policies of the engine: FCFS through the scheduler equals the engine's own paths,
+priority and VTC order and preempt as documented, per-tenant limits hold, and the queueing and
+block-seconds records mean what they say."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from prefixshield.experiments.single import RunSpec, build_trace
+from prefixshield.policies import make_policy
+from prefixshield.scheduling import SchedulerConfig, TenantLimits
+from prefixshield.scheduling.priority import PriorityScheduler
+from prefixshield.scheduling.vtc import VTCScheduler
+from prefixshield.simulator.config import EngineConfig
+from prefixshield.simulator.costmodel import load_profile
+from prefixshield.simulator.engine import Engine, EngineError
+
+PROFILE = load_profile("l4-qwen2.5-1.5b")
+EXACT = ["request_id", "group", "prompt_tokens", "cached_tokens", "new_blocks", "output_tokens",
+         "preemptions", "arrival_cached_tokens"]
+TIMES = ["ttft_s", "e2e_s", "queue_s", "block_s"]
+
+
+def trace_of(workload: str, seed: int = 0, **overrides):
+    spec = RunSpec(workload=workload, policies=("lru",), engine=EngineConfig(), profile=PROFILE,
+                   seed=seed, overrides=overrides)
+    return build_trace(spec)[0]
+
+
+def run(trace, scheduler=None, policy="lru", blocks=512, **kw):
+    config = EngineConfig(num_blocks=blocks, scheduler=scheduler or SchedulerConfig())
+    return Engine(trace, make_policy(policy, blocks), PROFILE.cost, config, **kw).run()
+
+
+@pytest.mark.parametrize("policy", ["lru", "prefixshield", "s3fifo", "static_quota"])
+@pytest.mark.parametrize("workload", ["one_touch", "sharegpt", "borrowing"])
+def test_fcfs_through_the_scheduler_equals_the_fused_engine(workload, policy):
+    """Limits no request reaches send FCFS through the scheduler (the step-by-step path):
+    every record, the evictions and the occupancy equal the default (fused) run, bit for bit."""
+    trace = trace_of(workload)
+    plain = run(trace, policy=policy)
+    loose = SchedulerConfig("fcfs", limits=(("*", TenantLimits(max_running=10**6)),))
+    via = run(trace, loose, policy=policy)
+    assert via.records.equals(plain.records)
+    assert np.array_equal(via.evictions, plain.evictions)
+    assert np.array_equal(via.occupancy, plain.occupancy)
+
+
+def test_priority_with_equal_priorities_and_no_preemption_is_fcfs():
+    trace = trace_of("one_touch")
+    plain = run(trace)
+    assert plain.records["preemptions"].sum() == 0
+    assert run(trace, SchedulerConfig("priority")).records.equals(plain.records)
+
+
+@pytest.mark.parametrize("scheduler", [
+    SchedulerConfig("vtc"),
+    SchedulerConfig("priority", priorities=(("attacker", 1),)),
+    SchedulerConfig("fcfs", limits=(("attacker", TenantLimits(max_running=4, max_blocks=200)),)),
+], ids=["vtc", "priority", "limits"])
+def test_decode_jumps_change_nothing_under_every_scheduler(scheduler):
+    """Quiet decode steps taken in one jump or one by one: the same decisions (exact counts) and
+    the same times up to the rounding of a summed series."""
+    trace = trace_of("one_touch", max_output_tokens=None, duration_s=10.0)
+    a = run(trace, scheduler).records
+    b = run(trace, scheduler, coalesce_decode=False).records
+    assert a[EXACT].equals(b[EXACT])
+    for col in TIMES:
+        np.testing.assert_allclose(a[col], b[col], rtol=1e-9, atol=1e-9)
+
+
+def test_priority_serves_the_preferred_group_first():
+    trace = trace_of("one_touch")
+    fcfs = run(trace).records
+    prio = run(trace, SchedulerConfig("priority", priorities=(("victim", 0),
+                                                               ("attacker", 1)))).records
+
+    def queue(rec, g):
+        return rec.loc[rec["group"] == g, "queue_s"].mean()
+
+    assert queue(prio, "victim") < queue(fcfs, "victim")
+    assert prio.loc[prio["group"] == "victim", "hit_fraction"].mean() > \
+        fcfs.loc[fcfs["group"] == "victim", "hit_fraction"].mean()
+
+
+def test_limits_hold_at_every_step():
+    """No group ever runs more than max_running requests; outputs are cut to
+    max_output_tokens."""
+    trace = trace_of("one_touch", max_output_tokens=None, duration_s=10.0)
+    peak = []
+
+    def observe(eng, t):
+        peak.append(sum(1 for s in eng.running if eng.groups[s.group] == "attacker"))
+
+    for cap in (None, 1):
+        limits = (("attacker", TenantLimits(max_running=cap)),) if cap else ()
+        config = EngineConfig(scheduler=SchedulerConfig("fcfs", limits=limits))
+        peak.clear()
+        Engine(trace, make_policy("lru", 512), PROFILE.cost, config).run(observe=observe,
+                                                                          every_s=0.05)
+        if cap is None:
+            assert max(peak) > 1  # the limit binds
+        else:
+            assert max(peak) == 1
+    limits = (("attacker", TenantLimits(max_output_tokens=5)),)
+    result = run(trace, SchedulerConfig("fcfs", limits=limits))
+    rec = result.records
+    att = rec[rec["group"] == "attacker"]
+    assert att["output_tokens"].max() == 5
+    raw = trace.requests["output_tokens"].to_numpy()[(rec["group"] == "attacker").to_numpy()]
+    assert (att["output_tokens"].to_numpy() == np.minimum(raw, 5)).all()
+
+
+def test_block_seconds_lie_between_the_prompt_and_the_whole_table():
+    """A request's block-seconds: at least its prompt's blocks over its time running, at most
+    its prompt-and-output blocks over it (no preemption in this trace)."""
+    rec = run(trace_of("sharegpt")).records
+    assert (rec["preemptions"] == 0).all()
+    running = rec["e2e_s"] - rec["queue_s"]
+    lo = np.floor(rec["prompt_tokens"] / 16) * running
+    hi = np.ceil((rec["prompt_tokens"] + rec["output_tokens"]) / 16) * running
+    assert (rec["block_s"] >= lo - 1e-9).all() and (rec["block_s"] <= hi + 1e-9).all()
+    assert (rec["queue_s"] >= 0).all()
+    assert (rec["arrival_cached_tokens"] >= 0).all()
+
+
+def _seq(rid, group, prompt=32):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(request_id=rid, group=group, num_prompt_tokens=prompt,
+                           num_tokens=prompt)
+
+
+def test_priority_queue_and_victim_follow_vllm():
+    arrival = np.array([0.0, 1.0, 2.0, 3.0])
+    sched = PriorityScheduler(SchedulerConfig("priority", priorities=(("b", -1),)), ["a", "b"],
+                              arrival, np.array([0, 1, 0, 1]))
+    seqs = [_seq(0, 0), _seq(1, 1), _seq(2, 0), _seq(3, 1)]
+    for s in seqs:
+        sched.arrive(s)
+    order = []
+    while sched:
+        s = sched.peek()
+        sched.pop(s)
+        order.append(s.request_id)
+    assert order == [1, 3, 0, 2]  # (priority, arrival)
+    # the victim: largest (priority, arrival), the first such in running order
+    assert sched.victim([seqs[1], seqs[2], seqs[0], seqs[3]]) == 1
+
+
+def test_vtc_lifts_a_newly_backlogged_group_and_serves_the_least_counter():
+    arrival = np.zeros(6)
+    sched = VTCScheduler(SchedulerConfig("vtc"), ["a", "b"], arrival, np.zeros(6, dtype=int))
+    a0, a1, b0 = _seq(0, 0, 100), _seq(1, 0, 100), _seq(2, 1, 10)
+    sched.arrive(a0)
+    sched.arrive(a1)
+    s = sched.peek()
+    assert s is a0
+    sched.pop(a0)
+    sched.on_admit(a0, True, 0.0)
+    sched.on_output(0, 10)
+    assert sched.counter(0) == 100 * 1 + 10 * 2
+    # b arrives with a still waiting: lifted to a's counter (the least of the waiting groups)
+    sched.arrive(b0)
+    assert sched.counter(1) == sched.counter(0)
+    # ties go to the earliest arrival (a1, row 1), then b once a's counter grows
+    assert sched.peek() is a1
+    sched.pop(a1)
+    sched.on_admit(a1, True, 0.0)
+    assert sched.peek() is b0
+    # victim: the newest running request of the group with the largest counter
+    assert sched.victim([a0, b0, a1]) == 2
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(name="nope"), "unknown scheduler"),
+    (dict(name="vtc", vtc_output_weight=float("nan")), "finite"),
+    (dict(name="vtc", vtc_input_weight=-1.0), ">= 0"),
+    (dict(name="fcfs", priorities=(("a", 1),)), "priority scheduler only"),
+    (dict(name="priority", priorities=(("a", 1), ("a", 2))), "twice"),
+])
+def test_bad_scheduler_configs_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SchedulerConfig(**kwargs)
+
+
+@pytest.mark.parametrize("key", ["max_running", "max_blocks", "max_output_tokens"])
+@pytest.mark.parametrize("value", [0, -3])
+def test_limits_below_one_are_refused(key, value):
+    with pytest.raises(ValueError, match="between 1"):
+        TenantLimits(**{key: value})
+
+
+def test_a_group_the_trace_does_not_have_is_refused_before_the_run():
+    trace = trace_of("one_touch")
+    with pytest.raises(EngineError, match="'ghost', which the trace does not have"):
+        run(trace, SchedulerConfig("priority", priorities=(("ghost", 1),)))
+    with pytest.raises(EngineError, match="max_blocks limit 2"):
+        run(trace, SchedulerConfig("fcfs", limits=(("victim", TenantLimits(max_blocks=2)),)))
