@@ -3,6 +3,7 @@
 Sections (one module each, in the order they run):
 
 * :mod:`~prefixshield.bench.engine`: simulated requests/s, batched vs step-by-step engine;
+* :mod:`~prefixshield.bench.schedulers`: simulated requests/s of each scheduler vs FCFS (fused);
 * :mod:`~prefixshield.bench.startup`: CPU seconds of a whole ``prefixshield run`` process vs the
   import floor;
 * :mod:`~prefixshield.bench.keystream`: key-stream replay vs libCacheSim's C path;
@@ -27,8 +28,8 @@ from typing import Any, Callable, Sequence
 
 from prefixshield.bench.common import SectionResult
 
-SECTION_NAMES = ("engine", "startup", "keystream", "selector", "state", "pool", "plugin",
-                 "scale")
+SECTION_NAMES = ("engine", "schedulers", "startup", "keystream", "selector", "state", "pool",
+                 "plugin", "scale")
 """Every section, in run order (module names under :mod:`prefixshield.bench`)."""
 
 

@@ -30,8 +30,8 @@ def _table(result) -> Table:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Also write every number, with the machine it ran on, to this JSON file.")
 @click.option("--section", "sections", multiple=True,
-              help="Run only this section (repeatable): engine, startup, keystream, selector, "
-                   "state, pool, plugin, scale. Default: all.")
+              help="Run only this section (repeatable): engine, schedulers, startup, keystream, "
+                   "selector, state, pool, plugin, scale. Default: all.")
 @_user_errors
 def bench(quick, json_path, sections):
     """Measure the simulator's speed, each figure against its anchor in the same run.

@@ -43,7 +43,7 @@ def test_bench_quick_runs_every_section_and_writes_finite_numbers(tmp_path, monk
     assert len(found) > 50
     bad = [(p, v) for p, v in found if not math.isfinite(v)]
     assert not bad, bad
-    for title in ("engine throughput", "start-up", "key-stream replay", "victim selection",
+    for title in ("engine throughput", "scheduler cost", "start-up", "key-stream replay", "victim selection",
                   "policy state bytes", "scale: engine time per request"):
         assert title in result.output
     scale = report["sections"]["scale"]
