@@ -27,7 +27,8 @@ from prefixshield.simulator.capacity import C_PREFILL_REQUESTS, measure_c_prefil
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import Profile
 from prefixshield.simulator.engine import Engine, EngineError, RunResult
-from prefixshield.simulator.metrics import eviction_matrix, group_table, occupancy_frame, summarize
+from prefixshield.simulator.metrics import (eviction_matrix, group_table, held_frame,
+                                            occupancy_frame, summarize)
 from prefixshield.tenancy import DEFAULT_CONTRACTS, Contract
 from prefixshield.traces.schema import Trace
 from prefixshield.workloads import WORKLOADS, make_params, params_to_dict
@@ -379,6 +380,7 @@ def write_outputs(out_dir: str | Path, spec: RunSpec, trace: Trace, trace_info: 
             d = label_dir(label)
             put_parquet(f"{d}/records.parquet", r.records)
             put_parquet(f"{d}/occupancy.parquet", occupancy_frame(r))
+            put_parquet(f"{d}/held.parquet", held_frame(r))
             put_text(f"{d}/groups.csv", csv_safe(group_table(r)).to_csv(index=False))
             put_text(f"{d}/evictions.csv", csv_safe(eviction_matrix(r)).to_csv())
             put_text(f"{d}/policy_stats.json", json.dumps(r.policy_stats, indent=2,

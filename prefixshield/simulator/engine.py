@@ -165,6 +165,9 @@ class RunResult:
         occupancy_t: seconds at which occupancy changed (float64).
         occupancy: blocks owned per group at those times (``[len(occupancy_t), num_groups]``).
         evictions: cached blocks reclaimed, ``[requesting group, owner group]``.
+        held_t: seconds at which the blocks held by running requests changed (float64).
+        held: block-table entries of each group's running requests at those times
+            (``[len(held_t), num_groups]``): the KV the group holds, cached or not.
         num_steps: engine steps simulated (coalesced decode runs count each step).
         num_events: scheduler iterations actually executed (the simulator's work).
         policy_stats: the policy's own counters at the end.
@@ -188,6 +191,8 @@ class RunResult:
     contract_rho: np.ndarray = field(default_factory=lambda: np.empty(0))
     contract_beta: np.ndarray = field(default_factory=lambda: np.empty(0))
     trace_meta: dict = field(default_factory=dict)
+    held_t: np.ndarray = field(default_factory=lambda: np.zeros(1))
+    held: np.ndarray = field(default_factory=lambda: np.zeros((1, 0), dtype=np.int64))
 
 
 class Engine:
@@ -311,6 +316,8 @@ class Engine:
         self._wakeup: simpy.Event | None = None
         self._occ_t: list[float] = [0.0]
         self._occ: list[np.ndarray] = [self.pool.occupancy.copy()]
+        self._held_t: list[float] = [0.0]
+        self._held: list[np.ndarray] = [self.kv.held.copy()]
         self.num_steps = 0
         self.num_events = 0
         # Batched step: per-request counters by request id (prompt, output length known up
@@ -536,6 +543,7 @@ class Engine:
                 scheduled.append((seq, num_new))
                 budget -= num_new
                 admitted += 1
+        self._record_held(now)
 
         if not scheduled:
             if preempted:
@@ -634,8 +642,14 @@ class Engine:
         cum = steps * per_step + cm.d_s_per_context_token * nseq * steps * (steps - 1) / 2
         if self._next_arrival < len(self.arrival_s):
             # Stop at the first step boundary at or after the next arrival: it may be admitted.
+            # A scheduler whose order moves with decoding (VTC: an arrival reads the counters
+            # the steps before it charged) stops before the step the arrival falls in, which
+            # then runs on its own, as it would without jumps.
             wait = self.arrival_s[self._next_arrival] - self.env.now
-            k = min(k, int(np.searchsorted(cum, wait, side="left")) + 1)
+            end = int(np.searchsorted(cum, wait, side="left"))
+            k = min(k, end + 1 if self.scheduler.order_fixed else end)
+            if k <= 0:
+                return
         self.num_events += 1
         yield self.env.timeout(cum[k - 1])
         self.num_steps += k
@@ -731,6 +745,8 @@ class Engine:
                 budget -= k
                 admitted += 1
         num_scheduled = m + admitted  # admissions append right after the scheduled prefix
+        if touched or preempted:
+            self._record_held(now)
 
         if not num_scheduled:
             if preempted:
@@ -816,6 +832,16 @@ class Engine:
         if bk.differs(occ, self._occ[-1]):
             self._occ_t.append(now)
             self._occ.append(occ.copy())
+        self._record_held(now)
+
+    def _record_held(self, now: float) -> None:
+        """A row of the held-blocks series if it changed: called after a step's scheduling
+        (allocations and preemptions happen at its start) and at its end (completions), so the
+        series changes when the tables do and its integral is the requests' block-seconds."""
+        held = self.kv.held
+        if bk.differs(held, self._held[-1]):
+            self._held_t.append(now)
+            self._held.append(held.copy())
 
     # ------------------------------------------------------------------ results
     def run(self, observe: Callable[["Engine", float], None] | None = None,
@@ -854,7 +880,8 @@ class Engine:
                          creations=self.pool.creations.arrays(), contracts=self.contracts,
                          contract_rho=np.array([c.rho_blocks_per_s for c in self._contract_table]),
                          contract_beta=np.array([c.beta_blocks for c in self._contract_table]),
-                         trace_meta=self.trace.meta)
+                         trace_meta=self.trace.meta, held_t=np.asarray(self._held_t),
+                         held=np.vstack(self._held))
 
     # ------------------------------------------------------------------ the fused loop
     FUSED_MAX_HASHES = fused_hash_budget()
@@ -982,6 +1009,12 @@ class Engine:
         # the requests due at t = 0 arrive to an empty pool
         self.arrival_cached_tokens[:int(ctl[fz.NEXT_ARRIVAL])] = 0
         held_since = np.zeros(n, dtype=np.float64)
+        held = self.kv.held
+        held_t = np.empty(occ_t.shape[0], dtype=np.float64)
+        held_rows = np.empty((held_t.shape[0], pool.num_groups), dtype=np.int64)
+        held_t[0] = self._held_t[0]
+        held_rows[0] = self._held[0]
+        ctl[fz.NUM_HELD] = 1
         while True:
             if log is None:
                 log_cols = (np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int32),
@@ -999,7 +1032,7 @@ class Engine:
                 pool.hash_next, pool.owner_group, pool.occupancy, pool.evictions,
                 pool._map_keys, pool._map_vals, pool._map_size, *lists, ps, *log_cols,
                 log_meta, *quota_state, *s3_state, occ_t, occ, cre_t, *cre, self.admitted_s,
-                self.arrival_cached_tokens, self.block_s, held_since)
+                self.arrival_cached_tokens, self.block_s, held_since, held, held_t, held_rows)
             if log is not None:
                 log.size, log.stride, log.num_charges = (int(x) for x in log_meta)
             if ctl[fz.POLICY] == fz.POLICY_S3FIFO:
@@ -1021,6 +1054,11 @@ class Engine:
                 if ctl[fz.NUM_OCC] + 1 > occ_t.shape[0]:
                     occ_t = np.concatenate([occ_t, np.empty(more, dtype=np.float64)])
                     occ = np.concatenate([occ, np.empty((more, occ.shape[1]), dtype=np.int64)])
+                if ctl[fz.NUM_HELD] + 2 > held_t.shape[0]:
+                    more_held = held_t.shape[0]
+                    held_t = np.concatenate([held_t, np.empty(more_held, dtype=np.float64)])
+                    held_rows = np.concatenate([held_rows, np.empty(
+                        (more_held, held_rows.shape[1]), dtype=np.int64)])
                 more = max(cre_t.shape[0], self._run_ids.shape[0])
                 if ctl[fz.NUM_CRE] + self._run_ids.shape[0] > cre_t.shape[0]:
                     cre_t = np.concatenate([cre_t, np.empty(more, dtype=np.float64)])
@@ -1042,6 +1080,9 @@ class Engine:
         # the series as _result reads it (np.asarray / np.vstack): one block of rows
         self._occ_t = occ_t[:k].copy()
         self._occ = [occ[:k]]
+        k = int(ctl[fz.NUM_HELD])
+        self._held_t = held_t[:k].copy()
+        self._held = [held_rows[:k]]
         k = int(ctl[fz.NUM_CRE])
         pool.creations = fz.ColumnCreationLog(cre_t[:k], *(c[:k] for c in cre))
         self.env = simpy.Environment(initial_time=float(fctl[fz.NOW]))

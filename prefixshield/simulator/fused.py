@@ -171,7 +171,9 @@ QUOTA = 33
 S3_GHOST_SLACK = 34
 """S3-FIFO's ``_ghost_slack``: blocks its last ``select_victims`` took, 0 after an
 ``on_materialize`` (read in and written back by the caller)."""
-NUM_CTL = 35
+NUM_HELD = 35
+"""Rows used of the held-blocks series (``held_t``, ``held_rows``)."""
+NUM_CTL = 36
 
 # Policies the loop drives (ctl[POLICY]).
 POLICY_LRU = 0
@@ -279,7 +281,7 @@ def _ps_num_free(ps):
 @njit(cache=True, _nrt=False)
 def _free_request(r, ctl, now, state, table, table_off, ref_cnt, block_hash, owner, occupancy,
                   freed, cached, order, prev, nxt, member, length, ps, q_owner, q_occupancy,
-                  s3_in_use, s3_key, s3_cnt, block_s, held_since):
+                  s3_in_use, s3_key, s3_cnt, block_s, held_since, held, group_id):
     """``KVCacheManager.free``: release request ``r``'s blocks tail first, hand the ones
     reaching ref_cnt 0 to the policy (``on_release``); the row's blocks and computed tokens
     drop to 0."""
@@ -287,6 +289,7 @@ def _free_request(r, ctl, now, state, table, table_off, ref_cnt, block_hash, own
     if nb:
         block_s[r] += nb * (now - held_since[r])
         held_since[r] = now
+        held[group_id[r]] -= nb
         off = table_off[r]
         for j in range(nb):
             order[j] = table[off + nb - 1 - j]
@@ -330,7 +333,7 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, state, materialized
               map_keys, map_vals, map_size, prev, nxt, member, length, ps, log_t, log_g, log_d,
               log_cls, log_meta, q_owner, q_occupancy, s3_freq, s3_in_use, s3_key, s3_cnt,
               s3_params, s3_gkeys, s3_gtab, s3_gpos, cre_t, cre_g, cre_c, cre_b,
-              block_s, held_since):
+              block_s, held_since, held):
     """``KVCacheManager.allocate_slots`` of request ``r`` (hits ``hits[:num_hit]``, reservation
     ``reserve`` tokens) under the policy ``ctl[POLICY]``; False if the blocks do not fit
     (nothing changed then). The pool calls the policy's events in :class:`BlockPool`'s order:
@@ -375,6 +378,7 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, state, materialized
         for j in range(num_hit):
             table[off + nb0 + j] = hits[j]
         nb0 += num_hit
+        held[g] += num_hit
         state[r, bk.NUM_BLOCKS] = nb0
         state[r, bk.COMPUTED] = num_computed
         if state[r, bk.NUM_CACHED] == 0:
@@ -402,6 +406,7 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, state, materialized
         for j in range(num_new_blocks):
             table[off + nb0 + j] = victims[j]
         nb0 += num_new_blocks
+        held[g] += num_new_blocks
         state[r, bk.NUM_BLOCKS] = nb0
     num_tokens = state[r, bk.PROMPT] + state[r, bk.OUTPUT_DONE]
     num_full = min(need_slot, num_tokens) // B
@@ -442,7 +447,8 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
              occupancy, evictions, map_keys, map_vals, map_size, prev, nxt, member, length, ps,
              log_t, log_g, log_d, log_cls, log_meta, q_owner, q_occupancy, s3_freq, s3_in_use,
              s3_key, s3_cnt, s3_params, s3_gkeys, s3_gtab, s3_gpos, occ_t, occ, cre_t, cre_g,
-             cre_c, cre_b, admitted_s, arrival_cached, block_s, held_since):
+             cre_c, cre_b, admitted_s, arrival_cached, block_s, held_since, held, held_t,
+             held_rows):
     """Run the engine's event loop from the state in ``ctl`` / ``fctl`` until it returns.
 
     Args (all updated in place; ids index the trace's rows):
@@ -466,6 +472,11 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
             (:data:`POLICY_STATIC_QUOTA`; else unread).
         s3_freq ... s3_gpos: S3-FIFO's arrays (:data:`POLICY_S3FIFO`; else unread).
         occ_t, occ: occupancy series (times, blocks per group), ``ctl[NUM_OCC]`` rows used.
+        admitted_s, arrival_cached, block_s: per request, first admission (s), tokens cached
+            at arrival, KV block-seconds; held_since: per request, the time of the last
+            change of its table (scratch).
+        held, held_t, held_rows: block-table entries of running requests per group now, and
+            their series (times, blocks per group), ``ctl[NUM_HELD]`` rows used.
         cre_t, cre_g, cre_c, cre_b: creation log columns, ``ctl[NUM_CRE]`` rows used.
 
     Returns:
@@ -481,7 +492,7 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
         es = ctl[ESTATE]
         now = fctl[NOW]
         if es == E_TOP:
-            if (ctl[NUM_OCC] + 1 > occ_t.shape[0]
+            if (ctl[NUM_OCC] + 1 > occ_t.shape[0] or ctl[NUM_HELD] + 2 > held_t.shape[0]
                     or ctl[NUM_CRE] + run_ids.shape[0] > cre_t.shape[0]
                     or (log_t.shape[0] < ctl[MAX_SAMPLES]
                         and log_meta[0] + run_ids.shape[0] > log_t.shape[0])):
@@ -524,7 +535,7 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
                                     log_t, log_g, log_d, log_cls, log_meta, q_owner,
                                     q_occupancy, s3_freq, s3_in_use, s3_key, s3_cnt,
                                     s3_params, s3_gkeys, s3_gtab, s3_gpos, cre_t, cre_g,
-                                    cre_c, cre_b, block_s, held_since):
+                                    cre_c, cre_b, block_s, held_since, held):
                     preempted = True
                     # preempt the newest running request (recompute): it waits at the head
                     nrun -= 1
@@ -532,7 +543,7 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
                     _free_request(victim, ctl, now, state, table, table_off, ref_cnt,
                                   block_hash, owner, occupancy, freed, cached, order, prev, nxt,
                                   member, length, ps, q_owner, q_occupancy, s3_in_use,
-                                  s3_key, s3_cnt, block_s, held_since)
+                                  s3_key, s3_cnt, block_s, held_since, held, group_id)
                     num_preemptions[victim] += 1
                     h = (ctl[WAIT_HEAD] - 1) % wcap
                     waiting[h] = victim
@@ -567,7 +578,7 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
                                      log_t, log_g, log_d, log_cls, log_meta, q_owner,
                                      q_occupancy, s3_freq, s3_in_use, s3_key, s3_cnt,
                                      s3_params, s3_gkeys, s3_gtab, s3_gpos, cre_t, cre_g,
-                                     cre_c, cre_b, block_s, held_since):
+                                     cre_c, cre_b, block_s, held_since, held):
                         head_blocked = True
                         break
                     ctl[WAIT_HEAD] = (ctl[WAIT_HEAD] + 1) % wcap
@@ -582,6 +593,14 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
                     budget -= k
                     admitted += 1
             ctl[NUM_RUNNING] = nrun
+            # Engine._record_held after the scheduling: the tables grew (or a preemption freed
+            # one) at this step's start
+            last = ctl[NUM_HELD] - 1
+            if bk.differs(held, held_rows[last]):
+                held_t[last + 1] = now
+                for g in range(G):
+                    held_rows[last + 1, g] = held[g]
+                ctl[NUM_HELD] = last + 2
             num_scheduled = m + admitted
             if num_scheduled == 0:
                 if preempted:
@@ -673,7 +692,7 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
             _free_request(r, ctl, now, state, table, table_off, ref_cnt, block_hash, owner,
                           occupancy, freed, cached, order, prev, nxt, member, length, ps,
                           q_owner, q_occupancy, s3_in_use, s3_key, s3_cnt, block_s,
-                          held_since)
+                          held_since, held, group_id)
         if num_finished:
             nrun = bk.remove_positions(run_ids, nrun, finished, num_finished)
             ctl[NUM_RUNNING] = nrun
@@ -684,6 +703,13 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
             for g in range(G):
                 occ[last + 1, g] = occupancy[g]
             ctl[NUM_OCC] = last + 2
+        # Engine._record_occupancy: blocks held by running requests, per group
+        last = ctl[NUM_HELD] - 1
+        if bk.differs(held, held_rows[last]):
+            held_t[last + 1] = now
+            for g in range(G):
+                held_rows[last + 1, g] = held[g]
+            ctl[NUM_HELD] = last + 2
         if ctl[STEP_PREEMPTED] or ctl[STEP_ADMITTED] or num_finished:
             ctl[QUIET] = 0
         else:

@@ -85,6 +85,8 @@ class KVCacheManager:
             raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
         self.pool = pool
         self.block_size = block_size
+        # block-table entries of the running requests, per group (blocks held)
+        self.held = np.zeros_like(pool.occupancy)
 
     def get_computed_blocks(self, seq: Sequence) -> tuple[np.ndarray, int]:
         """Longest cached prefix of ``seq``: (block ids, cached tokens).
@@ -143,6 +145,7 @@ class KVCacheManager:
                        seq.block_hashes[0])
             seq.blocks[seq.num_blocks:seq.num_blocks + num_hit] = new_computed_blocks
             seq.num_blocks += num_hit
+            self.held[seq.group] += num_hit
             seq.num_computed_tokens = num_computed
             if seq.num_cached_blocks == 0:
                 seq.num_cached_blocks = num_hit
@@ -156,6 +159,7 @@ class KVCacheManager:
                 new = pool.take_new_blocks(num_new_blocks, seq.group, now)
             seq.blocks[seq.num_blocks:seq.num_blocks + num_new_blocks] = new
             seq.num_blocks += num_new_blocks
+            self.held[seq.group] += num_new_blocks
         num_full = min(num_computed + num_new_tokens, seq.num_tokens) // self.block_size
         if num_full > seq.num_cached_blocks:
             lo = seq.num_cached_blocks
@@ -174,6 +178,7 @@ class KVCacheManager:
         if seq.num_blocks:
             seq.block_s += seq.num_blocks * (now - seq.held_since)
             seq.held_since = now
+            self.held[seq.group] -= seq.num_blocks
             self.pool.free_blocks(seq.blocks[seq.num_blocks - 1::-1].copy(), now)
         if finished:
             self.pool.request_finished(seq.request_id)

@@ -120,7 +120,8 @@ def group_table(result: RunResult) -> pd.DataFrame:
     creation pressure and mean debt over the measured window; queueing (mean and P95 seconds from
     arrival to first admission, hit ratio at arrival beside the one at admission) and KV held by
     running requests (``block_s``: block-seconds of all the group's requests; ``held_blocks``:
-    that over the run's span, the mean blocks its running requests held)."""
+    that over the run's span, the mean blocks its running requests held; ``peak_held_blocks``:
+    the most they held at once)."""
     rec = result.records
     measured = rec[rec["measured"]]
     t = result.occupancy_t
@@ -155,6 +156,7 @@ def group_table(result: RunResult) -> pd.DataFrame:
             "block_s": float(rec.loc[rec["group"] == g, "block_s"].sum()),
             "held_blocks": (float(rec.loc[rec["group"] == g, "block_s"].sum()) / (end - start)
                             if end > start else float("nan")),
+            "peak_held_blocks": int(result.held[:, gi].max()) if result.held.size else 0,
         })
     return pd.DataFrame(rows)
 
@@ -166,6 +168,14 @@ def _time_weighted_mean(t: np.ndarray, v: np.ndarray, start: float, end: float) 
     edges = np.clip(np.append(t, end), start, end)
     widths = np.diff(edges)
     return float(np.sum(widths * v) / (end - start))
+
+
+def held_frame(result: RunResult) -> pd.DataFrame:
+    """Blocks held by running requests over time, long form: ``t_s, group, blocks`` (a row per
+    change per group; the series :attr:`RunResult.held` records)."""
+    t = np.repeat(result.held_t, len(result.groups))
+    g = np.tile(np.asarray(result.groups, dtype=object), len(result.held_t))
+    return pd.DataFrame({"t_s": t, "group": g, "blocks": result.held.reshape(-1)})
 
 
 def eviction_matrix(result: RunResult) -> pd.DataFrame:

@@ -198,3 +198,21 @@ def test_a_group_the_trace_does_not_have_is_refused_before_the_run():
         run(trace, SchedulerConfig("priority", priorities=(("ghost", 1),)))
     with pytest.raises(EngineError, match="max_blocks limit 2"):
         run(trace, SchedulerConfig("fcfs", limits=(("victim", TenantLimits(max_blocks=2)),)))
+
+
+@pytest.mark.parametrize("workload", ["one_touch", "sharegpt"])
+def test_the_held_series_is_the_same_on_every_path_and_integrates_to_the_block_seconds(workload):
+    """Blocks held by running requests over time: equal on the fused, per-step batched and
+    step-by-step paths, and its integral per group is the group's summed block-seconds."""
+    trace = trace_of(workload)
+    runs = [run(trace, policy="prefixshield", **kw)
+            for kw in ({}, dict(fused=False), dict(batched=False))]
+    for other in runs[1:]:
+        assert np.array_equal(other.held_t, runs[0].held_t)
+        assert np.array_equal(other.held, runs[0].held)
+    r = runs[0]
+    assert (r.held >= 0).all() and (r.held[-1] == 0).all()
+    widths = np.diff(np.append(r.held_t, r.held_t[-1]))
+    integral = (widths[:, None] * r.held).sum(axis=0)
+    per_group = r.records.groupby("group")["block_s"].sum().reindex(r.groups).fillna(0.0)
+    np.testing.assert_allclose(integral, per_group.to_numpy(), rtol=1e-9)
