@@ -216,3 +216,21 @@ def test_the_held_series_is_the_same_on_every_path_and_integrates_to_the_block_s
     integral = (widths[:, None] * r.held).sum(axis=0)
     per_group = r.records.groupby("group")["block_s"].sum().reindex(r.groups).fillna(0.0)
     np.testing.assert_allclose(integral, per_group.to_numpy(), rtol=1e-9)
+
+
+@pytest.mark.parametrize("alpha", [0.2, 0.6])
+def test_vtc_counters_do_not_depend_on_decode_jumps(alpha):
+    """An arrival during what would be a jump reads the counters the steps before it charged:
+    with and without jumps, the same lifts, the same counters at the end, the same decisions."""
+    spec = RunSpec(workload="sharegpt", policies=("lru",), engine=EngineConfig(),
+                   profile=PROFILE, alpha=alpha, overrides={"duration_s": 30.0})
+    trace = build_trace(spec)[0]
+    config = EngineConfig(scheduler=SchedulerConfig("vtc"))
+    engines = [Engine(trace, make_policy("lru", 512), PROFILE.cost, config, coalesce_decode=c)
+               for c in (True, False)]
+    a, b = (e.run().records for e in engines)
+    assert a[EXACT].equals(b[EXACT])
+    sa, sb = (e.scheduler for e in engines)
+    assert np.array_equal(sa.input_tokens, sb.input_tokens)
+    assert np.array_equal(sa.output_tokens, sb.output_tokens)
+    np.testing.assert_allclose(sa.lift, sb.lift, rtol=0, atol=1e-9)
