@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from prefixshield.cli.common import (POSITIVE, SEED, _user_errors, _workload_options,
-                                     _workload_overrides, console)
+from prefixshield.cli.common import (POSITIVE, SEED, _scheduler_options, _user_errors,
+                                     _workload_options, _workload_overrides, console)
 
 
 @click.command()
@@ -120,6 +120,7 @@ def _live_options(calibrate_help: str):
                    "by default it generates the simulator's, so later turns quote the same ids.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Trace seed.")
 @_workload_options
+@_scheduler_options
 @click.option("--check-invariants", is_flag=True,
               help="Check the pool/policy invariants after every block-pool call (slow).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
@@ -128,7 +129,7 @@ def _live_options(calibrate_help: str):
 @_user_errors
 def validate(workload, policy, profile, calibrate, model_dir, num_blocks, block_size,
              max_num_seqs, max_num_batched_tokens, timed, free_outputs, seed, alpha, overrides,
-             check_invariants, out_dir):
+             scheduler, check_invariants, out_dir):
     """Replay WORKLOAD on a real vLLM with POLICY installed, and in the simulator; write the
     sim-vs-live report: Metric / vLLM / Sim (the profile) / Sim (the live engine's own step
     times, which isolates the scheduler model) with Diff%, per-request cached-token agreement,
@@ -137,7 +138,11 @@ def validate(workload, policy, profile, calibrate, model_dir, num_blocks, block_
     WORKLOAD is a generated workload name or a trace .parquet file. Needs vLLM installed.
     Small pools cannot hold the 1,536-token C_prefill probe: give the rate with
     --set base_rate=... (requests/s) and prompt sizes with --set prefix_tokens=....
+
+    --scheduler runs live too: priority is vLLM's own priority policy (each request carries
+    its group's --priority); vtc and --tenant-limit are installed at vLLM's waiting queue.
     """
+    from prefixshield.live.scheduling import check_supported
     from prefixshield.validate.matrix import ValidationCell, run_cell
 
     if calibrate and profile:
@@ -145,10 +150,14 @@ def validate(workload, policy, profile, calibrate, model_dir, num_blocks, block_
     if not calibrate and not profile:
         raise click.UsageError("give --profile NAME|FILE.toml, or --calibrate")
     _workload_overrides(workload, overrides)  # named errors before vLLM starts
+    try:
+        check_supported(scheduler)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--scheduler") from None
     cell = ValidationCell(workload=workload, policy=policy, timed=timed, seed=seed, alpha=alpha,
                           overrides=tuple(overrides), num_blocks=num_blocks,
                           block_size=block_size, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=max_num_batched_tokens)
+                          max_num_batched_tokens=max_num_batched_tokens, scheduler=scheduler)
     try:
         report = run_cell(cell, out_dir=out_dir, profile=profile, calibrate=calibrate,
                           model_dir=model_dir, force_outputs=not free_outputs,

@@ -145,6 +145,8 @@ class LiveResult:
             :meth:`~prefixshield.live.plugin.PolicyBlockPool.prefixshield_stats`.
         wall_s: seconds the replay took.
         steps: one row per engine step that scheduled work (see :class:`StepRecorder`).
+        scheduler: the :class:`~prefixshield.scheduling.SchedulerConfig` the replay ran
+            (vLLM's FCFS without limits by default).
     """
 
     records: pd.DataFrame
@@ -154,6 +156,7 @@ class LiveResult:
     pool_stats: dict
     wall_s: float
     steps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=STEP_COLUMNS))
+    scheduler: Any = None
 
 
 STEP_COLUMNS = ("start_s", "end_s", "seconds", "prefill_tokens", "decode_seqs",
@@ -187,10 +190,13 @@ class StepRecorder:
 
     def __enter__(self) -> "StepRecorder":
         sched = self.scheduler
-        original = type(sched).schedule
+        # wrap whatever ``schedule`` is in force (a live scheduler's wrapper included) and put
+        # it back on exit
+        self._previous = sched.__dict__.get("schedule")
+        original = sched.schedule
 
         def schedule(*args, **kwargs):
-            out = original(sched, *args, **kwargs)
+            out = original(*args, **kwargs)
             self._observe(out)
             return out
 
@@ -198,7 +204,10 @@ class StepRecorder:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.scheduler.__dict__.pop("schedule", None)
+        if self._previous is None:
+            self.scheduler.__dict__.pop("schedule", None)
+        else:
+            self.scheduler.schedule = self._previous
 
     def _observe(self, out) -> None:
         prefill = decode = context = new = 0
@@ -402,7 +411,7 @@ class LiveEngine:
                policy_args: dict | None = None, check_invariants: bool = False,
                max_groups: int | None = None,
                progress: Callable[[int, int], None] | None = None,
-               force_outputs: bool | None = None) -> LiveResult:
+               force_outputs: bool | None = None, scheduler=None) -> LiveResult:
         """Replay ``trace`` with ``policy_name`` installed; returns per-request records.
 
         Args:
@@ -416,8 +425,17 @@ class LiveEngine:
             progress: optional ``progress(done, total)``.
             force_outputs: generate the simulator's output tokens (None: the engine's
                 ``force_outputs``; True needs an engine built with it).
+            scheduler: the scheduling policy and per-tenant limits
+                (:class:`~prefixshield.scheduling.SchedulerConfig`; None: vLLM's FCFS without
+                limits), installed for this replay as :mod:`prefixshield.live.scheduling` says;
+                one the live mode cannot run, or that names a group the trace lacks, is a
+                :class:`LiveError` before any request is submitted.
         """
         from vllm import SamplingParams
+
+        from prefixshield.live.scheduling import EXTRA_ROW, LiveScheduling, check_supported
+        from prefixshield.scheduling import SchedulerConfig
+        from prefixshield.scheduling.config import capped_outputs, over_block_limit
 
         plugin = self._plugin
         df = trace.requests
@@ -427,7 +445,23 @@ class LiveEngine:
             raise LiveError(f"trace vocab_size {trace.vocab_size} exceeds the model's "
                             f"{model_vocab}: token ids would crash vLLM's forward pass")
         lengths = trace.prompt_lengths()
-        out_tokens = df["output_tokens"].to_numpy(np.int64)
+        sched_cfg = SchedulerConfig() if scheduler is None else scheduler
+        all_groups = trace.group_names()  # numbered as the simulator numbers them
+        group_id = np.array([all_groups.index(g) for g in df["group"].astype(str)],
+                            dtype=np.int64)
+        try:
+            check_supported(sched_cfg)
+            _prio, limits = sched_cfg.resolve(all_groups)
+        except ValueError as e:
+            raise LiveError(str(e)) from None
+        # max_output_tokens is a gateway's max_tokens: the request asks for fewer tokens
+        out_tokens = capped_outputs(limits, group_id, df["output_tokens"].to_numpy(np.int64))
+        over = over_block_limit(limits, group_id, lengths + out_tokens, self.config.block_size)
+        if over is not None:
+            i, need, cap = over
+            raise LiveError(f"request {int(df['request_id'].iloc[i])} needs {need} blocks, more "
+                            f"than its group's max_blocks limit {cap}: it would be held back for "
+                            "ever (the simulator refuses such a trace too)")
         longest = int((lengths + out_tokens).max()) if n else 0
         limit = int(self.engine.vllm_config.model_config.max_model_len)
         if longest > limit:
@@ -452,10 +486,11 @@ class LiveEngine:
             ids = prompt_token_ids(trace.seed, row.segment_ids, row.segment_lengths,
                                    trace.vocab_size)
             prompts.append({"prompt_token_ids": ids.tolist(), "cache_salt": str(row.group)})
-            k = int(row.output_tokens)
+            k = int(out_tokens[i])
             extra = {plugin.EXTRA_CONTRACT: str(row.contract),
-                     plugin.EXTRA_PREFIX_ID: int(row.prefix_id)}
+                     plugin.EXTRA_PREFIX_ID: int(row.prefix_id), EXTRA_ROW: i}
             if force:
+                # k ids as the simulator draws them (k: after max_output_tokens)
                 forced = output_token_ids(trace.seed, i, int(row.output_segment_id), k,
                                           trace.vocab_size).tolist()
                 extra[EXTRA_FORCED_OUTPUT] = forced
@@ -473,12 +508,20 @@ class LiveEngine:
         generated = np.zeros(n, dtype=np.int64)
         ttft_metrics = np.full(n, np.nan)
         mismatched: list[int] = []
-        ids = [f"ps{self._counter}-{i}" for i in range(n)]
+        # zero-padded: vLLM's priority queue breaks (priority, arrival) ties by the id string,
+        # which must order as the rows do (the simulator breaks them by row)
+        ids = [f"ps{self._counter}-{i:09d}" for i in range(n)]
         self._counter += 1
         index = {rid: i for i, rid in enumerate(ids)}
         engine = self.engine
+        live_sched = LiveScheduling(self.scheduler, sched_cfg, all_groups, group_id, arrival)
+        # arrival_time orders vLLM's priority queue and picks its victim: give it the trace's
+        # arrival when timed, so that ties in the trace stay ties (the simulator keys on it);
+        # serialized, one request runs at a time and vLLM's own submission time is kept
+        explicit_arrival = not sched_cfg.is_default and not serialize
         recorder = StepRecorder(self.scheduler)
         t0 = time.monotonic()
+        wall0 = time.time()
         nxt = 0
         done = 0
         # Start of the time the next step is charged with (see StepRecorder): the end of the
@@ -489,9 +532,12 @@ class LiveEngine:
 
         def submit_one(i: int) -> None:
             submit[i] = time.monotonic() - t0
-            engine.add_request(ids[i], prompts[i], params[i])
+            live_sched.arrived(i, submit[i] if serialize else float(arrival[i]))
+            engine.add_request(ids[i], prompts[i], params[i],
+                               arrival_time=wall0 + float(arrival[i]) if explicit_arrival
+                               else None, priority=live_sched.priority[int(group_id[i])])
 
-        with recorder:
+        with live_sched, recorder:
             while nxt < n or engine.has_unfinished_requests():
                 if serialize:
                     if not engine.has_unfinished_requests():
@@ -521,6 +567,7 @@ class LiveEngine:
                         nxt += 1
                 outs = engine.step()
                 t = time.monotonic() - t0
+                live_sched.step_ended(t)
                 stalled = not recorder.close_step(t_ref, t)
                 if not stalled:
                     t_ref = t
@@ -586,9 +633,11 @@ class LiveEngine:
         })
         facts = self.facts()
         facts["forced_outputs"] = bool(force)
+        facts["scheduler"] = sched_cfg.to_dict()
+        facts["scheduler_stats"] = live_sched.stats()
         return LiveResult(records=records, policy=policy_name, serialize=serialize,
                           facts=facts, pool_stats=self.pool.prefixshield_stats(),
-                          wall_s=wall, steps=recorder.frame())
+                          wall_s=wall, steps=recorder.frame(), scheduler=sched_cfg)
 
 
 def replay_live(trace: Trace, policy_name: str, model_dir: str, num_blocks: int,

@@ -304,12 +304,19 @@ def compare(live, sim: RunResult, config: EngineConfig, cost: CostModel,
 
 
 def sim_config_for(live_facts: dict, check_invariants: bool = False) -> EngineConfig:
-    """The simulated engine matching a live engine's resolved facts (compat ``"current"``)."""
+    """The simulated engine matching a live engine's resolved facts (compat ``"current"``),
+    with the scheduler the live replay ran (``live_facts["scheduler"]``, vLLM's FCFS when
+    absent)."""
+    from prefixshield.scheduling import SchedulerConfig
+
+    sched = live_facts.get("scheduler")
     return EngineConfig(num_blocks=int(live_facts["num_gpu_blocks"]),
                         block_size=int(live_facts["block_size"]),
                         max_num_seqs=int(live_facts["max_num_seqs"]),
                         max_num_batched_tokens=int(live_facts["max_num_batched_tokens"]),
-                        vllm_compat="current", check_invariants=check_invariants)
+                        vllm_compat="current", check_invariants=check_invariants,
+                        scheduler=SchedulerConfig.from_dict(sched) if sched
+                        else SchedulerConfig())
 
 
 def compare_with_sim(live, trace: Trace, cost: CostModel, policy_args: dict | None = None,

@@ -30,6 +30,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from prefixshield.atomic import write_text
+from prefixshield.scheduling import SchedulerConfig
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class ValidationCell:
         num_blocks, block_size, max_num_seqs, max_num_batched_tokens: the engine (blocks
             include the null block; tokens per block; scheduler limits).
         dtype: the model dtype vLLM runs (float32 for the tiny CPU model; bfloat16 on a GPU).
+        scheduler: the scheduling policy and per-tenant limits, live and simulated (see
+            :mod:`prefixshield.live.scheduling` for how the live engine runs them).
     """
 
     workload: str
@@ -59,13 +62,15 @@ class ValidationCell:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 8192
     dtype: str = "float32"
+    scheduler: SchedulerConfig = SchedulerConfig()
 
     @property
     def label(self) -> str:
         """``workload-policy-mode``, a folder name."""
         name = Path(self.workload).stem if self.workload.endswith(".parquet") else self.workload
         policy = self.policy.replace(":", "_").replace(",", "_").replace("=", "-")
-        return f"{name}-{policy}-{'timed' if self.timed else 'serialized'}"
+        sched = "" if self.scheduler.is_default else f"-{self.scheduler.name}"
+        return f"{name}-{policy}{sched}-{'timed' if self.timed else 'serialized'}"
 
     def engine_key(self) -> tuple:
         """The live-engine settings; cells with equal keys can share one engine."""
@@ -207,8 +212,12 @@ def run_cell(cell: ValidationCell, out_dir: str | Path, profile: str | None = No
     name, args = _policy(cell.policy)
     typed_overrides(cell)  # bad settings fail before vLLM starts
     prof = None if calibrate else load_profile(profile)
+    from prefixshield.live.scheduling import check_supported
+
+    check_supported(cell.scheduler)
     if prof is not None:
         trace = _build_trace(cell, prof)  # bad workload settings fail before vLLM starts
+        cell.scheduler.resolve(trace.group_names())  # so does a group the trace lacks
     own = engine is None
     if own:
         model = ensure_model(model_dir, out_dir)
@@ -236,7 +245,7 @@ def run_cell(cell: ValidationCell, out_dir: str | Path, profile: str | None = No
                       "provenance": prof.provenance}
         _say(console, f"{cell.label}: {len(trace)} requests; replaying on vLLM")
         live = engine.replay(trace, name, serialize=not cell.timed, policy_args=args,
-                             check_invariants=check_invariants)
+                             check_invariants=check_invariants, scheduler=cell.scheduler)
     except (LiveError, PluginError) as e:
         raise ValueError(f"{cell.label}: {e}") from None
     finally:
@@ -245,11 +254,21 @@ def run_cell(cell: ValidationCell, out_dir: str | Path, profile: str | None = No
     _say(console, f"{cell.label}: simulating (profile, then the live step times)")
     report = compare_with_sim(live, trace, prof.cost, policy_args=args,
                               check_invariants=check_invariants, cost_source=source)
-    report.meta["cell"] = asdict(cell)
+    report.meta["cell"] = cell_dict(cell)
     report.meta["run"] = {"profile": profile, "calibrate": calibrate,
                           "force_outputs": bool(live.facts.get("forced_outputs"))}
     write_report(report, out_dir)
     return report
+
+
+def cell_dict(cell: ValidationCell) -> dict:
+    """``cell`` as a plain dict for reports; the scheduler only when it is not vLLM's default,
+    so that cells stored before schedulers existed still match (and resume)."""
+    d = asdict(cell)
+    d["scheduler"] = cell.scheduler.to_dict()
+    if cell.scheduler.is_default:
+        del d["scheduler"]
+    return d
 
 
 def _say(console, text: str) -> None:
@@ -388,7 +407,7 @@ def machine_facts(engine_facts: dict | None) -> dict[str, Any]:
 
 def _check_same_cell(path: Path, data: dict, cell: ValidationCell, profile, calibrate) -> None:
     """A stored cell is reused only if it ran with the same settings."""
-    want = json.loads(json.dumps({"cell": asdict(cell),
+    want = json.loads(json.dumps({"cell": cell_dict(cell),
                                   "run": {"profile": profile, "calibrate": calibrate}}))
     meta = data.get("meta", {})
     got = {"cell": meta.get("cell"),
