@@ -88,7 +88,8 @@ def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, 
               help="With --max-prompt-tokens: drop longer requests, or keep their first tokens.")
 @_user_errors
 def trace_import(fmt, src, out, seed, num_groups, assign, tenant_skew, tenant_map,
-                 allow_fewer_groups, time_scale, rate, limit, warmup_s, system_prompt_tokens, max_prompt_tokens, over):
+                 allow_fewer_groups, time_scale, rate, limit, warmup_s, system_prompt_tokens,
+                 max_prompt_tokens, over):
     """Convert an external trace SRC (Mooncake JSONL, ShareGPT JSON, Azure CSV; plain or
     gzip-compressed, with or without a UTF-8 byte-order mark) to OUT."""
     from prefixshield.traces import importers

@@ -410,7 +410,8 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
         rows.add([arrival[i]], g, contracts.get(g, contract), role,
                  prefix_id, arrival[i] >= warmup_s, out[i], [h], [lens])
     meta = {"importer": "mooncake", "source": path.name, "records": len(ts),
-            "groups": groups, "assign": assign, "tenant_skew": tenant_skew, "contract": contract, "role": role,
+            "groups": groups, "assign": assign, "tenant_skew": tenant_skew,
+            "contract": contract, "role": role,
             "block_tokens": block_tokens, "time_scale": time_scale, "warmup_s": warmup_s,
             "limit": limit, "resorted": resorted, "shared_prefix_blocks": shared,
             "requests_per_group": _counted(rows, groups, assign, _units(assign, roots),
