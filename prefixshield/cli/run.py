@@ -4,6 +4,7 @@ them over paired seeds, list the cost-model profiles."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -20,6 +21,15 @@ _C_PREFILL_BASIS = click.option(
     show_default=True,
     help="Where C_prefill is measured: on the reference pool of 512 blocks, once per profile "
          "(the same arrival rates and attack at every --blocks), or on this run's own pool.")
+
+
+_CONTRACTS = click.option(
+    "--contracts", "contracts_mode", type=click.Choice(["reference", "fit"]), default="reference",
+    show_default=True,
+    help="The tiers' refill and burst: the reference's (64/40/16 blocks/s, sized for 511 "
+         "blocks), or fit: each tier's refill = the mean creation rate of its groups under LRU "
+         "on this trace and pool, burst = refill x the pool's turnover time (the trace is "
+         "built as without it; only the policies' contracts change).")
 
 
 @click.command()
@@ -39,6 +49,7 @@ _C_PREFILL_BASIS = click.option(
 @click.option("--check-invariants", is_flag=True,
               help="Verify the block pool's invariants after every step (slow).")
 @_C_PREFILL_BASIS
+@_CONTRACTS
 @click.option("--scale-to-engine", "scale_to_load", type=click.FloatRange(0, 10, min_open=True),
               default=None, metavar="LOAD",
               help="Trace files: rescale arrival times (one factor) so the trace's mean rate is "
@@ -47,7 +58,7 @@ _C_PREFILL_BASIS = click.option(
 @_user_errors
 def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
         max_num_batched_tokens, profile, scheduler, seed, alpha, overrides, out_dir, plot,
-        check_invariants, c_prefill_basis, scale_to_load):
+        check_invariants, c_prefill_basis, contracts_mode, scale_to_load):
     """Simulate WORKLOAD under one or more policies and print a summary table.
 
     WORKLOAD is a generated workload name or a trace .parquet file (see `prefixshield trace`).
@@ -76,6 +87,8 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
                       f" x C_prefill {info['c_prefill_req_per_s']:.3g} req/s = "
                       f"{info['base_rate_req_per_s']:.3g} req/s (measured: "
                       f"{info['c_prefill_probe']})")
+    if contracts_mode == "fit":
+        spec, info = _fit_contracts(trace, spec, info)
     timings: dict[str, float] = {}
     failures: dict[str, str] = {}
     with console.status("simulating...") as status:
@@ -88,6 +101,7 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
 
         results = run_policies(trace, spec, on_done=done, failures=failures)
     _print_summary(results, timings, failures)
+    _print_debt_warning(results)
     if out_dir:
         def figures(folder: Path) -> list[Path]:
             if not (plot and results):
@@ -122,16 +136,19 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
               help="Paired runs: seeds 0..N-1, every policy on the identical trace per seed.")
 @_workload_options
 @_C_PREFILL_BASIS
+@_CONTRACTS
 @click.option("--out", "out_csv", type=click.Path(dir_okay=False), default=None,
               help="Write per-run rows and the paired table as CSV (OUT and OUT.paired.csv).")
 @_user_errors
 def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
             max_num_batched_tokens, profile, scheduler, seeds, alpha, overrides, c_prefill_basis,
-            out_csv):
+            contracts_mode, out_csv):
     """Paired comparison of policies on a generated WORKLOAD over several seeds.
 
     Prints the mean hit ratio and P95 TTFT of the judged requests per policy, and the paired
     difference to the first policy with a 95% bootstrap CI (10,000 resamples, fixed seed).
+    With --contracts fit, the contracts are fitted once, on seed 0's trace, and every seed
+    runs under them.
     """
     from rich.progress import Progress
 
@@ -159,11 +176,13 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
                    c_prefill_basis=c_prefill_basis)
     trace0, info0 = build_trace(spec)
     _print_header(workload, trace0, spec, info0)
+    fitted = _fit_contracts(trace0, spec, info0)[0].contracts if contracts_mode == "fit" \
+        else None
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(f"{workload}: {len(names)} policies x {seeds} seeds",
                                  total=seeds)
         runs = run_paired(spec, list(range(seeds)),
-                          on_seed=lambda _s: progress.advance(task))
+                          on_seed=lambda _s: progress.advance(task), contracts=fitted)
     table_df = paired_table(runs, baseline=names[0],
                             metrics=("hit_ratio", "token_hit_ratio", "p95_ttft_s",
                                      "arrival_hit_ratio", "p95_queue_s"))
@@ -251,6 +270,27 @@ def _scheduler_text(sc) -> str:
         parts.append(f"{who}: " + ", ".join(f"{k}={v}" for k, v in vars(lim).items()
                                            if v is not None))
     return "; ".join(parts)
+
+
+def _fit_contracts(trace, spec, info):
+    """``spec`` with contracts fitted to ``trace`` and its pool under LRU, the trace info with
+    the fit recorded; prints the fit."""
+    from prefixshield.experiments.contract_fit import fit_to_trace
+
+    with console.status("fitting contracts: LRU on the trace..."):
+        fit = fit_to_trace(trace, spec)
+    for line in fit.describe():
+        console.print(line)
+    return replace(spec, contracts=fit.contracts), {**info, "contracts_fit": fit.to_dict()}
+
+
+def _print_debt_warning(results) -> None:
+    """The guard: say so when every group was in debt for most of the measured window."""
+    from prefixshield.experiments.contract_fit import debt_warning
+
+    msg = debt_warning(results)
+    if msg:
+        console.print(f"[yellow]warning[/]: {msg}")
 
 
 def _fmt(x: float, spec: str) -> str:

@@ -57,13 +57,17 @@ def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, 
               default="round_robin", show_default=True,
               help="Tenant model: round_robin (records in file order); session (keep a "
                    "conversation, or a Mooncake prefix root, in one group); prefix (Mooncake: "
-                   "first hash id mod groups); zipf (units to groups with shares 1/(g+1)^skew: "
+                   "root hash id mod groups; a root is a request's first block after the prefix "
+                   "every request shares); zipf (units to groups with shares 1/(g+1)^skew: "
                    "heterogeneous tenants); servegen (shares of real production clients, "
                    "<= 8 groups); map (--tenant-map CSV record,group[,contract]).")
 @click.option("--tenant-skew", type=click.FloatRange(min=0, min_open=True), default=1.0,
               show_default=True, help="--assign zipf: the exponent of the group shares.")
 @click.option("--tenant-map", type=click.Path(dir_okay=False), default=None,
               help="--assign map: CSV with columns record,group[,contract].")
+@click.option("--allow-fewer-groups", is_flag=True,
+              help="Accept a tenant model that leaves some of the --groups without requests "
+                   "(otherwise an error).")
 @click.option("--time-scale", type=click.FloatRange(min=0, min_open=True), default=1.0,
               show_default=True,
               help="mooncake, azure: multiply arrival times (2 = half the request rate).")
@@ -83,8 +87,9 @@ def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, 
 @click.option("--over", type=click.Choice(["drop", "clip"]), default="drop", show_default=True,
               help="With --max-prompt-tokens: drop longer requests, or keep their first tokens.")
 @_user_errors
-def trace_import(fmt, src, out, seed, num_groups, assign, tenant_skew, tenant_map, time_scale,
-                 rate, limit, warmup_s, system_prompt_tokens, max_prompt_tokens, over):
+def trace_import(fmt, src, out, seed, num_groups, assign, tenant_skew, tenant_map,
+                 allow_fewer_groups, time_scale, rate, limit, warmup_s, system_prompt_tokens,
+                 max_prompt_tokens, over):
     """Convert an external trace SRC (Mooncake JSONL, ShareGPT JSON, Azure CSV; plain or
     gzip-compressed, with or without a UTF-8 byte-order mark) to OUT."""
     from prefixshield.traces import importers
@@ -92,6 +97,7 @@ def trace_import(fmt, src, out, seed, num_groups, assign, tenant_skew, tenant_ma
 
     common = dict(seed=seed, warmup_s=warmup_s, limit=limit, assign=assign,
                   tenant_skew=tenant_skew, tenant_map=tenant_map,
+                  allow_fewer_groups=allow_fewer_groups,
                   num_groups=None if assign == "map" and num_groups == 1 else num_groups)
     if fmt == "mooncake":
         if system_prompt_tokens:
@@ -123,6 +129,20 @@ def trace_import(fmt, src, out, seed, num_groups, assign, tenant_skew, tenant_ma
                  f"{'dropped' if over == 'drop' else 'clipped'})")
     write_trace(tr, out)
     console.print(f"imported {len(tr)} requests from {src} to {out}{note}")
+    _print_requests_per_group(tr)
+
+
+def _print_requests_per_group(tr) -> None:
+    """One line: the requests each group of the import received (asked groups left empty
+    included), and the blocks every request shares when a Mooncake root skipped them."""
+    asked = list(tr.meta.get("requests_per_group", {})) or tr.group_names()
+    have = tr.requests["group"].astype(str).value_counts()
+    parts = [f"{g} {int(have.get(g, 0)):,}" for g in asked]
+    assign = tr.meta.get("assign", "-")
+    shared = tr.meta.get("shared_prefix_blocks", 0)
+    skip = (f"; roots after the {shared} block{'s' if shared > 1 else ''} every request shares"
+            if shared and assign in ("session", "prefix", "zipf", "servegen") else "")
+    console.print(f"requests per group (--assign {assign}{skip}): " + ", ".join(parts))
 
 
 @trace.command("inspect")

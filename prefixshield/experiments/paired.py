@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Mapping
 
 import pandas as pd
 
@@ -12,17 +12,21 @@ from prefixshield.simulator.metrics import paired_difference, summarize
 
 
 def run_paired(spec: RunSpec, seeds: list[int],
-               on_seed: Callable[[int], None] | None = None) -> pd.DataFrame:
+               on_seed: Callable[[int], None] | None = None,
+               contracts: Mapping | None = None) -> pd.DataFrame:
     """Run ``spec`` once per seed (the seed replaces ``spec.seed``); one row per (seed, policy)
     with ``status`` (``ok``, or ``failed`` with ``error`` when the policy cannot serve that
     seed's trace; its metrics are then NaN) and the
-    :func:`~prefixshield.simulator.metrics.summarize` columns."""
+    :func:`~prefixshield.simulator.metrics.summarize` columns. ``contracts``, when given, are
+    what the policies meter by; each seed's trace is still built with ``spec``'s own (so an
+    attack keeps its size)."""
     rows = []
     for seed in seeds:
         s = replace(spec, seed=seed)
         trace, _info = build_trace(s)
         failures: dict[str, str] = {}
-        results = run_policies(trace, s, failures=failures)
+        policy_spec = s if contracts is None else replace(s, contracts=contracts)
+        results = run_policies(trace, policy_spec, failures=failures)
         for label in s.policies:
             if label in results:
                 rows.append({"seed": seed, "policy": label, "status": "ok", "error": "",

@@ -60,6 +60,62 @@ def _bucket_debt_integral(t, blocks, rho, beta, w0, w1):
     return integral, end_debt
 
 
+@njit(cache=True)
+def _bucket_debt_spans(t, blocks, rho, beta, w0, w1, lo_out, hi_out):
+    """Write into ``lo_out``/``hi_out`` the spans of ``[w0, w1]`` in which one bucket (charged
+    ``blocks[i]`` at sorted ``t[i]``, starting full) is in debt, and return how many. At most
+    one span follows each charge (the debt falls at ``rho`` until the next charge or 0), so the
+    outputs need ``len(t)`` entries."""
+    b = beta
+    t_prev = 0.0
+    k = 0
+    n = t.shape[0]
+    for i in range(n + 1):
+        t_next = t[i] if i < n else w1
+        if b < 0.0:
+            lo = max(t_prev, w0)
+            hi = min(min(t_next, t_prev - b / rho), w1)
+            if hi > lo:
+                lo_out[k] = lo
+                hi_out[k] = hi
+                k += 1
+        if i == n:
+            break
+        b = min(beta, b + rho * (t[i] - t_prev)) - blocks[i]
+        t_prev = t[i]
+    return k
+
+
+def debt_fraction(log: dict[str, np.ndarray], group: int, rho: np.ndarray, beta: np.ndarray,
+                  window: tuple[float, float]) -> float:
+    """Fraction (0..1) of ``window`` (seconds) in which ``group`` is in debt: ``D_g(t) > 0``,
+    i.e. at least one of its contracts' buckets is below zero (the spans of its buckets are
+    united, not added). NaN for an empty window."""
+    w0, w1 = float(window[0]), float(window[1])
+    if not w1 > w0:
+        return float("nan")
+    mine = log["group"] == group
+    t, c, n = log["t_s"][mine], log["contract"][mine], log["blocks"][mine]
+    los, his = [], []
+    for k in np.unique(c):
+        sel = c == k
+        lo, hi = np.empty(int(sel.sum())), np.empty(int(sel.sum()))
+        m = _bucket_debt_spans(t[sel], n[sel].astype(np.float64), float(rho[k]), float(beta[k]),
+                               w0, w1, lo, hi)
+        los.append(lo[:m])
+        his.append(hi[:m])
+    lo = np.concatenate(los) if los else np.empty(0)
+    hi = np.concatenate(his) if his else np.empty(0)
+    if not lo.size:
+        return 0.0
+    order = np.argsort(lo, kind="stable")
+    lo, hi = lo[order], hi[order]
+    # merge overlapping spans: a span starts a new run when it begins after every earlier end
+    starts = np.flatnonzero(np.r_[True, lo[1:] > np.maximum.accumulate(hi)[:-1]])
+    covered = np.maximum.reduceat(hi, starts) - lo[starts]
+    return float(covered.sum() / (w1 - w0))
+
+
 def group_creation(log: dict[str, np.ndarray], group: int, rho: np.ndarray, beta: np.ndarray,
                    window: tuple[float, float]) -> dict[str, float]:
     """Creation of one group over ``window`` (seconds): blocks materialized in it, the pressure

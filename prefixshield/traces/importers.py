@@ -9,8 +9,11 @@
 Every malformed record raises :class:`~prefixshield.traces.schema.TraceError` naming the file,
 the line number and the field; no record is ever skipped silently. Groups: ``groups`` lists the
 group names, or ``num_groups`` asks for :func:`group_names` (default: one group ``"default"``);
-records (conversations for ShareGPT) are assigned round-robin over them in file order (``assign="prefix"`` for Mooncake: by ``prefix_id % len(groups)``, keeping requests with a
-shared first block in one group, since groups never share cache blocks).
+records (conversations for ShareGPT) are assigned to them by a tenant model
+(:data:`TENANT_MODELS`; default round-robin in file order). Every import records the requests
+each group received (``meta["requests_per_group"]``) and refuses, unless
+``allow_fewer_groups``, a model that left a group without requests
+(:func:`~prefixshield.traces.tenants.check_group_count`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from prefixshield.traces.conversations import add_conversations, cap_turns
 from prefixshield.traces.rows import RequestRows
 from prefixshield.traces.schema import DEFAULT_VOCAB_SIZE, ROLES, Trace, TraceError
 from prefixshield.traces.segments import LOCAL_BITS, SegmentKind, segment_ids
+from prefixshield.traces.tenants import check_group_count, divergence_roots
 
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per Mooncake ``hash_ids`` entry."""
@@ -53,8 +57,9 @@ TENANT_MODELS = ("round_robin", "session", "prefix", "zipf", "servegen", "map")
 - ``round_robin``: record i (conversation i for ShareGPT) to group ``i mod G``, in file order;
 - ``session``: keep what belongs together in one group: a ShareGPT conversation's turns
   (ShareGPT's only unit), a Mooncake prefix root (Mooncake has no session ids: requests that share
-  their first 512-token block are one "session"); Azure has neither;
-- ``prefix``: by prefix root, ``first hash id mod G`` (Mooncake);
+  their root, the first 512-token block after the prefix *every* request shares, are one
+  "session"; see :mod:`prefixshield.traces.tenants`); Azure has neither;
+- ``prefix``: by prefix root, ``root hash id mod G`` (Mooncake);
 - ``zipf``: heterogeneous tenants: each unit (conversation, prefix root, or record for Azure)
   goes to group g with probability proportional to ``1 / (g + 1) ** tenant_skew`` (seeded), so
   tenant 0 sends the most and the last the least;
@@ -184,6 +189,23 @@ def _tenants(model: str, session_units: np.ndarray, record_units: np.ndarray,
     return groups, assign_tenants(model, units, groups, seed, tenant_skew), {}
 
 
+def _units(assign: str, session_units: np.ndarray) -> int:
+    """How many units a tenant model deals out: records for ``round_robin`` and ``map``, the
+    distinct session units (conversations, prefix roots) otherwise."""
+    if assign in ("round_robin", "map"):
+        return len(session_units)
+    return len(np.unique(session_units))
+
+
+def _counted(rows: RequestRows, groups: list[str], assign: str, units: int,
+             allow_fewer_groups: bool) -> dict[str, int]:
+    """Requests per group of ``rows``; refuses a group left without any (see
+    :func:`~prefixshield.traces.tenants.check_group_count`)."""
+    counts = rows.count_by_group(groups)
+    check_group_count(assign, counts, units, allow_fewer_groups)
+    return counts
+
+
 def _check_common(path: Path, groups: Sequence[str] | None, num_groups: int | None, role: str,
                   time_scale: float) -> list[str]:
     if not path.exists():
@@ -282,22 +304,27 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
                     seed: int = 0, vocab_size: int = DEFAULT_VOCAB_SIZE,
                     time_scale: float = 1.0, warmup_s: float = 0.0,
                     limit: int | None = None, tenant_skew: float = 1.0,
-                    tenant_map: str | os.PathLike | None = None) -> Trace:
+                    tenant_map: str | os.PathLike | None = None,
+                    allow_fewer_groups: bool = False) -> Trace:
     """Import a Mooncake JSONL trace.
 
     Each line ``{"timestamp": ms, "input_length": tokens, "output_length": tokens,
     "hash_ids": [...]}`` becomes one request: hash id ``h`` becomes segment ``h`` of
     ``block_tokens`` tokens, the last one shortened so the prompt has exactly ``input_length``
     tokens (segment token ids are prefix-consistent, so a shortened block is a prefix of the
-    full one). ``prefix_id`` = the first hash id.
+    full one). ``prefix_id`` = the request's root: its first hash id after the prefix that
+    every record shares (a shared system prompt is no prefix of its own; with no shared
+    prefix, the first hash id); ``meta["shared_prefix_blocks"]`` says how long that prefix is.
 
     Args:
         path: the JSONL file; blank lines are allowed and ignored.
         groups: group names (None: :func:`group_names` of ``num_groups``); see ``assign``.
         num_groups: number of groups when ``groups`` is None (default 1: ``"default"``).
         assign: a tenant model (:data:`TENANT_MODELS`): ``round_robin`` over records,
-            ``session``/``prefix`` by prefix root (the first hash id), ``zipf`` (prefix roots
+            ``session``/``prefix`` by prefix root (see ``prefix_id``), ``zipf`` (prefix roots
             to skewed tenants, ``tenant_skew``), ``map`` (``tenant_map`` CSV).
+        allow_fewer_groups: accept a tenant model that leaves a group without requests
+            (otherwise a ``ValueError`` naming ``--allow-fewer-groups``).
         contract, role: of every request.
         block_tokens: tokens per hash id (512 in every Mooncake release).
         seed, vocab_size: token seed and vocabulary of the trace.
@@ -370,7 +397,7 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
     arrival = (t_ms - t_ms.min()) / 1000.0 * time_scale
     order = np.argsort(arrival, kind="stable")
     resorted = bool(np.any(order != np.arange(len(order))))
-    roots = np.array([int(h[0]) for h in hashes], dtype=np.int64)
+    roots, shared = divergence_roots(hashes)
     groups, gidx, contracts = _tenants(assign, roots, np.arange(len(ts)), groups, seed,
                                        tenant_skew, tenant_map)
     rows = RequestRows()
@@ -378,14 +405,17 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
         h = hashes[i]
         lens = np.full(len(h), block_tokens, dtype=np.int64)
         lens[-1] = inp[i] - (len(h) - 1) * block_tokens
-        prefix_id = int(h[0])
+        prefix_id = int(roots[i])
         g = groups[gidx[i]]
         rows.add([arrival[i]], g, contracts.get(g, contract), role,
                  prefix_id, arrival[i] >= warmup_s, out[i], [h], [lens])
     meta = {"importer": "mooncake", "source": path.name, "records": len(ts),
-            "groups": groups, "assign": assign, "tenant_skew": tenant_skew, "contract": contract, "role": role,
+            "groups": groups, "assign": assign, "tenant_skew": tenant_skew,
+            "contract": contract, "role": role,
             "block_tokens": block_tokens, "time_scale": time_scale, "warmup_s": warmup_s,
-            "limit": limit, "resorted": resorted}
+            "limit": limit, "resorted": resorted, "shared_prefix_blocks": shared,
+            "requests_per_group": _counted(rows, groups, assign, _units(assign, roots),
+                                           allow_fewer_groups)}
     return rows.finish(seed, vocab_size, meta)
 
 
@@ -401,7 +431,8 @@ def import_azure(path: str | os.PathLike, *, groups: Sequence[str] | None = None
                  system_prompt_tokens: int = 0, seed: int = 0,
                  vocab_size: int = DEFAULT_VOCAB_SIZE, time_scale: float = 1.0,
                  warmup_s: float = 0.0, limit: int | None = None, assign: str = "round_robin",
-                 tenant_skew: float = 1.0, tenant_map: str | os.PathLike | None = None) -> Trace:
+                 tenant_skew: float = 1.0, tenant_map: str | os.PathLike | None = None,
+                 allow_fewer_groups: bool = False) -> Trace:
     """Import an Azure LLM inference trace (CSV ``TIMESTAMP,ContextTokens,GeneratedTokens``).
 
     Arrivals are seconds after the earliest timestamp (times ``time_scale``). Each prompt has
@@ -412,7 +443,8 @@ def import_azure(path: str | os.PathLike, *, groups: Sequence[str] | None = None
     else the record index. Requests are assigned to ``groups`` (or :func:`group_names` of
     ``num_groups``; default: the single group ``"default"``) by the tenant model ``assign``:
     ``round_robin`` (file order), ``zipf`` (records to skewed tenants) or ``map``; Azure has no
-    sessions or prefixes to keep together.
+    sessions or prefixes to keep together. A group left without requests is an error unless
+    ``allow_fewer_groups``.
 
     Raises:
         TraceError: ``<file>: line N: field F: ...`` for a missing column, a row with the wrong
@@ -513,7 +545,9 @@ def import_azure(path: str | os.PathLike, *, groups: Sequence[str] | None = None
             "assign": assign, "tenant_skew": tenant_skew,
             "contract": contract, "role": role, "system_prompt_tokens": system_prompt_tokens,
             "time_scale": time_scale, "warmup_s": warmup_s, "limit": limit,
-            "resorted": resorted}
+            "resorted": resorted,
+            "requests_per_group": _counted(rows, groups, assign, len(records),
+                                           allow_fewer_groups)}
     return rows.finish(seed, vocab_size, meta)
 
 
@@ -694,7 +728,8 @@ def import_sharegpt(path: str | os.PathLike, *, groups: Sequence[str] | None = N
                     vocab_size: int = DEFAULT_VOCAB_SIZE, warmup_s: float = 0.0,
                     limit: int | None = None, assign: str = "round_robin",
                     tenant_skew: float = 1.0,
-                    tenant_map: str | os.PathLike | None = None) -> Trace:
+                    tenant_map: str | os.PathLike | None = None,
+                    allow_fewer_groups: bool = False) -> Trace:
     """Import ShareGPT JSON conversations as multi-turn requests (as the ``sharegpt`` workload).
 
     Turns come from :func:`parse_sharegpt`. Every conversation is used once, in file order,
@@ -708,6 +743,7 @@ def import_sharegpt(path: str | os.PathLike, *, groups: Sequence[str] | None = N
     (``output_segment_id``; ``output_tokens`` = its length); prefix_id = conversation index.
     ``max_conversation_tokens`` keeps each conversation's leading turns that fit (a
     conversation whose first turn does not fit contributes no request; counted in meta).
+    A group left without requests is an error unless ``allow_fewer_groups``.
 
     Raises:
         TraceError: for malformed records, see :func:`parse_sharegpt`.
@@ -757,5 +793,7 @@ def import_sharegpt(path: str | os.PathLike, *, groups: Sequence[str] | None = N
             "role": role, "base_rate": base_rate, "think_time_s": think_time_s,
             "min_think_time_s": min_think_time_s, "system_prompt_tokens": system_prompt_tokens,
             "max_conversation_tokens": max_conversation_tokens,
-            "chars_per_token": chars_per_token, "warmup_s": warmup_s, "limit": limit}
+            "chars_per_token": chars_per_token, "warmup_s": warmup_s, "limit": limit,
+            "requests_per_group": _counted(rows, groups, assign, len(conv_ids),
+                                           allow_fewer_groups)}
     return rows.finish(seed, vocab_size, meta)

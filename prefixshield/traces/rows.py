@@ -46,6 +46,14 @@ class RequestRows:
         c["segment_ids"].extend(seg_ids)
         c["segment_lengths"].extend(seg_lens)
 
+    def count_by_group(self, groups: Sequence[str]) -> dict[str, int]:
+        """Rows added so far per group of ``groups`` (in that order; 0 for a group without rows;
+        rows of a group not listed are not counted)."""
+        added = np.concatenate(self.cols["group"]) if self.cols["group"] else np.empty(0, object)
+        names, counts = np.unique(added.astype(str), return_counts=True)
+        have = dict(zip(names.tolist(), counts.tolist()))
+        return {g: int(have.get(g, 0)) for g in groups}
+
     def finish(self, seed: int, vocab_size: int, meta: dict[str, Any],
                drop_role: str | None = None) -> Trace:
         """The trace; rows of ``drop_role`` are removed *after* numbering (no-attack controls).
