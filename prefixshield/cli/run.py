@@ -9,9 +9,11 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from prefixshield.cli.common import (SEED, _engine_options, _load_numba_target, _loading,
+from prefixshield.cli.common import (SEED, _engine_options, _load_numba_target, _loading, count,
+                                     finite,
                                      _policy_names, _user_errors, _workload_names,
                                      _workload_options, _workload_overrides, console)
+from prefixshield.edges import MAX_SEEDS
 
 
 _C_PREFILL_BASIS = click.option(
@@ -37,7 +39,7 @@ _C_PREFILL_BASIS = click.option(
 @click.option("--check-invariants", is_flag=True,
               help="Verify the block pool's invariants after every step (slow).")
 @_C_PREFILL_BASIS
-@click.option("--scale-to-engine", "scale_to_load", type=click.FloatRange(0, 10, min_open=True),
+@click.option("--scale-to-engine", "scale_to_load", type=finite(0, 10, min_open=True),
               default=None, metavar="LOAD",
               help="Trace files: rescale arrival times (one factor) so the trace's mean rate is "
                    "LOAD x C_prefill of this profile and engine, measured with the trace's own "
@@ -115,7 +117,7 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
 @click.option("--policy", "-p", "policies", multiple=True, default=("all",), show_default=True,
               help="Policies as for `run`; the first is the baseline of the paired differences.")
 @_engine_options
-@click.option("--seeds", type=int, default=10, show_default=True,
+@click.option("--seeds", type=count(1, MAX_SEEDS), default=10, show_default=True,
               help="Paired runs: seeds 0..N-1, every policy on the identical trace per seed.")
 @_workload_options
 @_C_PREFILL_BASIS
