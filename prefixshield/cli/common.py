@@ -112,8 +112,9 @@ def _workload_overrides(workload: str, overrides: tuple[str, ...]) -> dict:
     return parse_overrides(WORKLOADS[workload].params_type, overrides)
 
 
-_OPTION_ALIASES = {"num_blocks": "blocks"}
-"""``--set`` keys that name an engine option by its field name rather than its option name."""
+_OPTION_ALIASES = {"num_blocks": "blocks", "seed": "seeds"}
+"""``--set`` keys that name an option by its field name rather than its option name (``seed``:
+the paired commands set seeds with ``--seeds``)."""
 
 
 def _refuse_option_keys(overrides: tuple[str, ...]) -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from prefixshield.cli.common import (SEED, _engine_options, _load_numba_target, _loading, count,
-                                     finite,
-                                     _policy_names, _user_errors, _workload_names,
-                                     _workload_options, _workload_overrides, console)
+from prefixshield.cli.common import (SEED, _engine_options, _load_numba_target, _loading,
+                                     _policy_names, _refuse_option_keys, _user_errors,
+                                     _workload_names, _workload_options, _workload_overrides,
+                                     console, count, finite)
 from prefixshield.edges import MAX_SEEDS
 
 
@@ -147,6 +147,7 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
                                  param_hint="WORKLOAD")
     if seeds < 1:
         raise click.BadParameter("must be >= 1", param_hint="--seeds")
+    _refuse_option_keys(overrides)
     typed = parse_overrides(WORKLOADS[workload].params_type, overrides)
     engine = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, vllm_compat=vllm_compat)
