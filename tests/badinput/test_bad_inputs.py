@@ -199,6 +199,11 @@ CASES = [
     ("run out symlink", ["run", "{tmp}/good.parquet", "--out", "{tmp}/link"], "symbolic link"),
     ("sweep out symlink", ["sweep", "one_touch", "--out", "{tmp}/link"], "symbolic link"),
     ("report no readable cell", ["report", "{tmp}/st_empty"], "no cell of its 1 is written"),
+    ("attack-search all trials failed", [
+        "attack-search", "-p", "static_quota", "--trials", "1", "--batch", "1", "--seeds", "1",
+        "--eval-seeds", "1", "--no-warm-start", "--set", "prefix_tokens=6144", "--set",
+        "duration_s=2", "--executor", "inprocess", "--out", "{tmp}/a2"],
+     "every trial failed against static_quota"),
 ]
 
 
@@ -313,7 +318,7 @@ def test_bad_input_gets_one_clear_error(tmp, name, args, words):
 
 
 def test_the_table_is_large():
-    assert len(CASES) >= 109
+    assert len(CASES) >= 110
 
 
 def test_group_names_do_not_become_spreadsheet_formulas(tmp, tmp_path):
