@@ -141,7 +141,7 @@ RUN_OPTIONS = [(path, p) for path, cmd, p in OPTIONS if path in RUNNABLE
                and p.name not in ("out_dir",)]
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_running_with_any_option_value_succeeds_or_fails_in_one_line(inputs, data):
     path, param = data.draw(st.sampled_from(RUN_OPTIONS))
