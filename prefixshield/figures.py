@@ -19,6 +19,10 @@ def _plt():
     import matplotlib
 
     matplotlib.use("Agg")
+    # Labels are names from traces and specs (groups, policies, experiments): drawn as written.
+    # With math text on, a '$' in a group name starts a formula and an unmatched one aborts the
+    # whole figure (the run then wrote nothing).
+    matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
 
     return plt

@@ -13,7 +13,9 @@ import sys
 import click
 from rich.table import Table
 
-from prefixshield.cli.common import _policy_names, _user_errors, console
+from prefixshield.cli.common import (ALPHA, WORKERS, _policy_names, _user_errors, console,
+                                     count)
+from prefixshield.edges import MAX_SEEDS, MAX_TRIALS
 
 
 def _budget(items: tuple[str, ...]) -> dict:
@@ -82,30 +84,30 @@ def _space_names() -> set[str]:
                    "(requests/s) or prompt_tokens=R (prompt tokens/s); repeat for both. A unit "
                    "without a rate is at the one-touch flood rate, min(0.75 C_prefill, 1.15 "
                    "base rate) [default: both limits at that rate].")
-@click.option("--trials", type=int, default=200, show_default=True,
+@click.option("--trials", type=count(1, MAX_TRIALS), default=200, show_default=True,
               help="Trials per policy (a rerun with more extends the search).")
-@click.option("--seeds", type=int, default=5, show_default=True,
+@click.option("--seeds", type=count(1, MAX_SEEDS), default=5, show_default=True,
               help="Paired seeds per trial (0..N-1): the victim trace the loss is paired on.")
-@click.option("--eval-seeds", type=int, default=None,
+@click.option("--eval-seeds", type=count(1, MAX_SEEDS), default=None,
               help="Held-out seeds of the transfer check (N..N+E-1) [default: --seeds].")
 @click.option("--objective", type=click.Choice(["hit_ratio", "p95_ttft"]), default="hit_ratio",
               show_default=True,
               help="Maximize the victim's paired hit-ratio loss, or its P95 TTFT increase.")
 @click.option("--sampler", type=click.Choice(["tpe", "cmaes"]), default="tpe",
               show_default=True, help="optuna sampler.")
-@click.option("--sampler-seed", type=int, default=0, show_default=True,
+@click.option("--sampler-seed", type=count(0, 2 ** 32 - 1), default=0, show_default=True,
               help="The sampler's seed (same seed: same trials).")
-@click.option("--batch", type=int, default=4, show_default=True,
+@click.option("--batch", type=count(1, MAX_TRIALS), default=4, show_default=True,
               help="Trials asked per policy per round (part of what fixes the trials).")
 @click.option("--warm-start/--no-warm-start", default=True, show_default=True,
               help="Start each search at the hand-written attacks mapped into the space.")
-@click.option("--blocks", "num_blocks", type=int, default=512, show_default=True,
+@click.option("--blocks", "num_blocks", type=count(2), default=512, show_default=True,
               help="KV blocks configured, null block included.")
 @click.option("--compat", "vllm_compat", type=click.Choice(["0.10", "current"]),
               default="current", show_default=True, help="vLLM compat mode.")
 @click.option("--profile", default="l4-qwen2.5-1.5b", show_default=True,
               help="Cost-model profile.")
-@click.option("--alpha", type=float, default=0.6, show_default=True,
+@click.option("--alpha", type=ALPHA, default=0.6, show_default=True,
               help="Nominal load of the victim (base rate = alpha x C_prefill).")
 @click.option("--set", "fixed", multiple=True, metavar="KEY=VALUE",
               help="A fixed engine, load or victim field of every run (e.g. duration_s=30); "
@@ -114,7 +116,7 @@ def _space_names() -> set[str]:
               help="Results store and report folder (a rerun resumes).")
 @click.option("--executor", type=click.Choice(["process", "inprocess", "ray"]),
               default="process", show_default=True, help="Where runs execute.")
-@click.option("--workers", type=int, default=None,
+@click.option("--workers", type=WORKERS, default=None,
               help="Process-pool workers (or local Ray CPUs) [default: one per core].")
 @click.option("--address", default=None, help="Ray cluster address (with --executor ray).")
 @_user_errors
@@ -174,6 +176,12 @@ def attack_search(policies, budget_items, trials, seeds, eval_seeds, objective, 
     written = AS.write_outputs(out_dir, res)
     console.print(f"wrote {len(written)} files (tables/, figures/, attack_search.md) to "
                   f"{out_dir}/")
+    lost = [p for p, w in res.worst.items() if w is None]
+    if lost:  # a search with nothing found is a failure, not a result
+        first = next((t.result.failed for p in lost for t in res.trials.get(p, [])
+                      if t.result.failed), "no trial ran")
+        raise click.ClickException(f"every trial failed against {', '.join(lost)} (first "
+                                   f"error: {first})")
 
 
 class _Preview:

@@ -22,6 +22,9 @@ for _name, _value in START_ENV.items():
 import click  # noqa: E402
 from rich.console import Console  # noqa: E402
 
+# SEED is re-exported: the command modules take their option types from here.
+from prefixshield.edges import MAX_WORKERS, SEED, count, finite  # noqa: E402,F401
+
 
 def _make_console() -> Console:
     """The CLI's console: piped output (CI logs, files) gets a wide fixed width so tables are not
@@ -38,9 +41,12 @@ def _make_console() -> Console:
 
 console = _make_console()
 
-SEED = click.IntRange(0, 2 ** 63 - 1)
-"""Seeds are non-negative 64-bit integers (numpy's seed sequences and the token hash take them)."""
-POSITIVE = click.IntRange(min=1)
+POSITIVE = count(1)
+"""A positive integer option (at most :data:`prefixshield.edges.MAX_INT`)."""
+ALPHA = finite(0, 100, min_open=True)
+"""Nominal load: > 0 and at most 100 x C_prefill (a rate the simulator can still hold)."""
+WORKERS = count(1, MAX_WORKERS)
+"""Executor workers."""
 
 # Errors that are the user's input, not our bugs: shown as one line.
 _USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, FileNotFoundError,
@@ -102,7 +108,37 @@ def _workload_overrides(workload: str, overrides: tuple[str, ...]) -> dict:
     if is_trace_file(workload):
         raise click.BadParameter("--set applies to generated workloads, not trace files",
                                  param_hint="--set")
+    _refuse_option_keys(overrides)
     return parse_overrides(WORKLOADS[workload].params_type, overrides)
+
+
+_OPTION_ALIASES = {"num_blocks": "blocks", "seed": "seeds"}
+"""``--set`` keys that name an option by its field name rather than its option name (``seed``:
+the paired commands set seeds with ``--seeds``)."""
+
+
+def _refuse_option_keys(overrides: tuple[str, ...]) -> None:
+    """Refuse a ``--set KEY`` that one of the running command's own options sets (``seed``,
+    ``blocks``/``num_blocks``, ``block_size``, ``alpha``, and any option added later): the
+    trace would be built for another setup than the header, the engine and ``config.json``
+    record. Driven by the command's declared click options, not by a list."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return
+    options = {}
+    for p in ctx.command.params:
+        if isinstance(p, click.Option):
+            for opt in p.opts:
+                options[opt.lstrip("-").replace("-", "_")] = opt
+            if p.name:
+                options.setdefault(p.name, p.opts[0])
+    options.pop("set", None)
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        opt = options.get(key) or options.get(_OPTION_ALIASES.get(key, ""))
+        if opt:
+            raise click.BadParameter(f"{key} is set by {opt}, not --set (use {opt} VALUE)",
+                                     param_hint="--set")
 
 
 def _workload_names() -> str:
@@ -168,7 +204,7 @@ def _load_numba_target() -> None:
 
 def _engine_options(fn):
     opts = [
-        click.option("--blocks", "num_blocks", type=click.IntRange(min=2), default=512,
+        click.option("--blocks", "num_blocks", type=count(2), default=512,
                      show_default=True,
                      help="KV blocks configured, null block included (usable = blocks - 1)."),
         click.option("--block-size", type=POSITIVE, default=16, show_default=True,
@@ -176,9 +212,9 @@ def _engine_options(fn):
         click.option("--compat", "vllm_compat", type=click.Choice(["0.10", "current"]),
                      default="current", show_default=True,
                      help="vLLM free-queue/admission semantics to reproduce."),
-        click.option("--max-num-seqs", type=int, default=256, show_default=True,
+        click.option("--max-num-seqs", type=POSITIVE, default=256, show_default=True,
                      help="Most running requests per step."),
-        click.option("--max-num-batched-tokens", type=int, default=8192, show_default=True,
+        click.option("--max-num-batched-tokens", type=POSITIVE, default=8192, show_default=True,
                      help="Token budget per step (chunked prefill)."),
         click.option("--profile", default="l4-qwen2.5-1.5b", show_default=True,
                      help="Cost-model profile: a shipped name (see `prefixshield profiles`) or "
@@ -269,7 +305,7 @@ def _workload_options(fn):
     fn = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
                       help="Override a workload parameter (repeatable); e.g. "
                            "--set duration_s=30.")(fn)
-    return click.option("--alpha", type=float, default=0.6, show_default=True,
+    return click.option("--alpha", type=ALPHA, default=0.6, show_default=True,
                         help="Nominal load: base arrival rate = alpha x C_prefill of the "
                              "profile.")(fn)
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from prefixshield.cli.common import _policy_names, _user_errors, console
+from prefixshield.cli.common import WORKERS, _policy_names, _user_errors, console, count
+from prefixshield.edges import MAX_SEEDS
 
 
 def _executor_options(fn):
@@ -22,7 +23,7 @@ def _executor_options(fn):
         click.option("--executor", type=click.Choice(["process", "inprocess", "ray"]),
                      default="process", show_default=True,
                      help="Where cells run: a local process pool, this process, or Ray."),
-        click.option("--workers", type=int, default=None,
+        click.option("--workers", type=WORKERS, default=None,
                      help="Process-pool workers (or local Ray CPUs) [default: one per core]."),
         click.option("--address", default=None,
                      help="Ray cluster address (with --executor ray) [default: a local Ray]."),
@@ -136,7 +137,7 @@ def _command_line() -> str:
 @click.option("--spec", "spec_file", type=click.Path(dir_okay=False), default=None,
               help="A TOML spec file (one experiment, or [[experiment]] tables) instead of "
                    "WORKLOAD/--policy/--grid/--set.")
-@click.option("--seeds", type=int, default=10, show_default=True,
+@click.option("--seeds", type=count(1, MAX_SEEDS), default=10, show_default=True,
               help="Paired seeds per point (0..N-1), every policy on the identical trace.")
 @click.option("--name", default="sweep", show_default=True, help="Experiment name.")
 @click.option("--records", is_flag=True, help="Also store per-request records of every cell.")
@@ -144,10 +145,13 @@ def _command_line() -> str:
               help="Results store (new, or the same spec's: finished cells are skipped).")
 @click.option("--report/--no-report", default=True, show_default=True,
               help="Write tables, figures and index.md when done.")
+@click.option("--allow-failures", is_flag=True,
+              help="Exit 0 even when some cells failed (a policy that cannot serve its trace); "
+                   "without it such a sweep exits 1 after writing everything.")
 @_executor_options
 @_user_errors
 def sweep(workload, policies, grid, fixed, spec_file, seeds, name, records, out_dir, report,
-          executor, workers, address):
+          allow_failures, executor, workers, address):
     """Run WORKLOAD over a grid of fields, paired seeds per point, into a results store.
 
     \b
@@ -194,13 +198,24 @@ def sweep(workload, policies, grid, fixed, spec_file, seeds, name, records, out_
     _print_gains(store)
     if report:
         _report(store)
+    _fail_on_failed_cells(store, allow_failures)
+
+
+def _fail_on_failed_cells(store, allow_failures: bool) -> None:
+    """Exit 1 (one line, after everything is written) when a cell of ``store`` failed."""
+    cells = store.load()
+    failed = int((cells["status"] == "failed").sum()) if len(cells) else 0
+    if failed and not allow_failures:
+        raise click.ClickException(f"{failed} of {len(cells)} cells failed (a policy could not "
+                                   "serve its trace; see the tables); --allow-failures accepts "
+                                   "that")
 
 
 # ---------------------------------------------------------------------------------------- reproduce
 @click.command()
 @click.option("--quick", is_flag=True,
               help="3 seeds and a 20 s measured phase (every experiment and point kept): for CI.")
-@click.option("--seeds", type=int, default=None,
+@click.option("--seeds", type=count(1, MAX_SEEDS), default=None,
               help="Paired seeds per cell [default: 10, or 3 with --quick].")
 @click.option("--compat", type=click.Choice(["0.10", "current"]), default="0.10",
               show_default=True, help="vLLM compat mode (0.10: the reference's vLLM).")
@@ -249,6 +264,10 @@ def report(store_dir, quiet):
     from prefixshield.experiments.store import ResultsStore
 
     store = ResultsStore.open(store_dir)
+    if not store.done():
+        raise click.ClickException(f"{store_dir}: no cell of its {store.num_cells()} is written "
+                                   "yet; nothing to report (rerun the command that made it)")
+    store.lock()  # report writes tables/ and figures/ into the store
     missing = store.num_cells() - len(store.done())
     if missing:
         console.print(f"[yellow]{missing} of {store.num_cells()} cells are missing (an "
@@ -266,21 +285,35 @@ def report(store_dir, quiet):
               help="Explicit tolerance for a metric, absolute (e.g. hit_ratio=0.005); metrics "
                    "without one move when their 95% paired CI excludes 0.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Keep the rerun's store here (resumable) [default: a temporary folder].")
+              help="Keep the rerun's store here (resumable) [default: a temporary folder]; "
+                   "never the baseline itself.")
+@click.option("--accept", is_flag=True,
+              help="Make the rerun the new baseline: after the comparison, BASELINE_DIR's cells "
+                   "are replaced by the rerun's (exit 0).")
 @_executor_options
 @_user_errors
-def regress(baseline_dir, tolerances, out_dir, executor, workers, address):
-    """Rerun the experiments stored in BASELINE_DIR and fail if a metric moved.
+def regress(baseline_dir, tolerances, out_dir, accept, executor, workers, address):
+    """Rerun the experiments stored in BASELINE_DIR and fail if a cell changed.
 
-    Exit 0 when every compared metric of every cell is within tolerance, 1 (with a table of
-    what moved) otherwise. The CI check for a team changing a policy: commit a baseline made by
+    The simulator is deterministic (same code and seed: same numbers), so every cell is
+    compared exactly: a cell whose metrics differ from the baseline's is listed with its seed,
+    the baseline and new values and the change, and the command exits 1. The table's
+    "significant" column adds the paired rule per metric (its 95% bootstrap CI over seeds
+    excludes 0, or |mean change| > --tol): whether the change is systematic or one seed's. Exit
+    0 when nothing changed. Accept an intended change with --accept (the rerun replaces the
+    baseline's cells). The CI check for a team changing a policy: commit a baseline made by
     `prefixshield sweep` (or `reproduce --quick`) and run `prefixshield regress` on it.
     """
-    from prefixshield.experiments.regress import compare_stores, parse_tolerances
+    from prefixshield.experiments.regress import accept_rerun, compare_stores, parse_tolerances
     from prefixshield.experiments.store import ResultsStore
 
     tols = parse_tolerances(tolerances)
     base = ResultsStore.open(baseline_dir)
+    if out_dir is not None and _same_folder(out_dir, baseline_dir):
+        raise click.BadParameter(f"{out_dir} is the baseline: the rerun would be compared with "
+                                 "itself; give another folder", param_hint="--out")
+    if accept:
+        base.lock()  # the baseline is rewritten: no other writer meanwhile
     tmp = None
     if out_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="prefixshield-regress-")
@@ -291,26 +324,42 @@ def regress(baseline_dir, tolerances, out_dir, executor, workers, address):
                                            "baseline": str(baseline_dir)})
         _run_with_progress(rerun, executor, workers, address, "regress")
         result = compare_stores(base.load(), rerun.load(), base.experiments, tols)
+        if accept and not result.ok:
+            accept_rerun(base, rerun)
     finally:
         if tmp is not None:
             tmp.cleanup()
-    n = len(result.table)
+    n_cells = result.cells_compared
     if result.ok:
-        console.print(f"[green]regress: {n} metric comparisons, none moved[/] "
+        console.print(f"[green]regress: {n_cells} cells compared exactly, none changed[/] "
                       f"(baseline {baseline_dir})")
         return
-    moved = result.moved
-    table = Table(title=f"regress: {len(moved)} of {n} comparisons moved vs {baseline_dir}")
-    for col in ("experiment", "point", "policy", "metric", "baseline", "now", "diff [95% CI]",
-                "rule"):
+    changed = result.changed
+    table = Table(title=f"regress: {changed['cell'].nunique()} of {n_cells} cells changed vs "
+                        f"{baseline_dir}")
+    for col in ("experiment", "point", "policy", "seed", "metric", "baseline", "now", "change",
+                "significant"):
         table.add_column(col, justify="left" if col in ("experiment", "point", "policy",
-                                                        "metric", "rule") else "right")
-    for _, r in moved.iterrows():
+                                                        "metric", "significant") else "right")
+    for _, r in changed.iterrows():
         def f(x):
             return x if isinstance(x, str) else f"{x:.6g}"
-        ci = "-" if r["diff"] != r["diff"] else \
-            f"{r['diff']:+.4g} [{r['ci_low']:+.4g}, {r['ci_high']:+.4g}]"
-        table.add_row(r["experiment"], r["point"], r["policy"], r["metric"], f(r["baseline"]),
-                      f(r["current"]), ci, r["rule"])
+        table.add_row(r["experiment"], r["point"], r["policy"], str(r["seed"]), r["metric"],
+                      f(r["baseline"]), f(r["current"]), f(r["change"]), r["significant"])
     console.print(table)
+    if accept:
+        console.print(f"accepted: {baseline_dir} now holds the rerun's cells")
+        return
+    console.print("[red]regress: cells changed[/] (an intended change: rerun with --accept to "
+                  "make it the baseline)")
     raise SystemExit(1)
+
+
+def _same_folder(a, b) -> bool:
+    """Whether paths ``a`` and ``b`` name one folder (through links and ``..``)."""
+    import os
+
+    pa, pb = Path(a), Path(b)
+    if pa.exists() and pb.exists():
+        return os.path.samefile(pa, pb)
+    return os.path.realpath(pa) == os.path.realpath(pb)

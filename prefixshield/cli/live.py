@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from prefixshield.cli.common import (POSITIVE, SEED, _scheduler_options, _user_errors,
-                                     _workload_options, _workload_overrides, console)
+                                     _workload_options, _workload_overrides, console, count)
 
 
 @click.command()
@@ -19,7 +19,7 @@ from prefixshield.cli.common import (POSITIVE, SEED, _scheduler_options, _user_e
               help="Profile file to write [default: NAME.toml].")
 @click.option("--block-size", type=POSITIVE, default=32, show_default=True,
               help="KV block size (vLLM's CPU attention needs a multiple of 32).")
-@click.option("--blocks", "num_blocks", type=int, default=2048, show_default=True,
+@click.option("--blocks", "num_blocks", type=count(2), default=2048, show_default=True,
               help="KV blocks for the engine under test.")
 @click.option("--dtype", default="float32", show_default=True,
               help="Model dtype for vLLM (float32: what `validate` runs the tiny model with).")
@@ -90,13 +90,13 @@ def _live_options(calibrate_help: str):
         click.option("--calibrate", is_flag=True, help=calibrate_help),
         click.option("--model", "model_dir", type=click.Path(file_okay=False), default=None,
                      help="Model directory [default: a tiny-qwen2 written to OUT/model]."),
-        click.option("--blocks", "num_blocks", type=int, default=64, show_default=True,
+        click.option("--blocks", "num_blocks", type=count(2), default=64, show_default=True,
                      help="KV blocks, null block included (vLLM num_gpu_blocks_override)."),
         click.option("--block-size", type=POSITIVE, default=32, show_default=True,
                      help="Tokens per block (vLLM's CPU attention: a multiple of 32)."),
-        click.option("--max-num-seqs", type=int, default=16, show_default=True,
+        click.option("--max-num-seqs", type=POSITIVE, default=16, show_default=True,
                      help="Most running requests per step."),
-        click.option("--max-num-batched-tokens", type=int, default=8192, show_default=True,
+        click.option("--max-num-batched-tokens", type=POSITIVE, default=8192, show_default=True,
                      help="Token budget per step (chunked prefill)."),
     ]
 

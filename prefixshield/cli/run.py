@@ -11,9 +11,10 @@ import click
 from rich.table import Table
 
 from prefixshield.cli.common import (SEED, _engine_options, _load_numba_target, _loading,
-                                     _policy_names, _scheduler_options, _user_errors,
-                                     _workload_names, _workload_options, _workload_overrides,
-                                     console)
+                                     _policy_names, _refuse_option_keys, _scheduler_options,
+                                     _user_errors, _workload_names, _workload_options,
+                                     _workload_overrides, console, count, finite)
+from prefixshield.edges import MAX_SEEDS
 
 
 _C_PREFILL_BASIS = click.option(
@@ -50,7 +51,7 @@ _CONTRACTS = click.option(
               help="Verify the block pool's invariants after every step (slow).")
 @_C_PREFILL_BASIS
 @_CONTRACTS
-@click.option("--scale-to-engine", "scale_to_load", type=click.FloatRange(0, 10, min_open=True),
+@click.option("--scale-to-engine", "scale_to_load", type=finite(0, 10, min_open=True),
               default=None, metavar="LOAD",
               help="Trace files: rescale arrival times (one factor) so the trace's mean rate is "
                    "LOAD x C_prefill of this profile and engine, measured with the trace's own "
@@ -132,7 +133,7 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
               help="Policies as for `run`; the first is the baseline of the paired differences.")
 @_engine_options
 @_scheduler_options
-@click.option("--seeds", type=int, default=10, show_default=True,
+@click.option("--seeds", type=count(1, MAX_SEEDS), default=10, show_default=True,
               help="Paired runs: seeds 0..N-1, every policy on the identical trace per seed.")
 @_workload_options
 @_C_PREFILL_BASIS
@@ -166,6 +167,7 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
                                  param_hint="WORKLOAD")
     if seeds < 1:
         raise click.BadParameter("must be >= 1", param_hint="--seeds")
+    _refuse_option_keys(overrides)
     typed = parse_overrides(WORKLOADS[workload].params_type, overrides)
     engine = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, vllm_compat=vllm_compat,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from prefixshield.cli.common import (POSITIVE, SEED, _user_errors, _workload_names,
+from prefixshield.cli.common import (POSITIVE, SEED, _user_errors, _workload_names, count, finite,
                                      _workload_options, console)
 
 
@@ -19,7 +19,7 @@ def trace() -> None:
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--profile", default="l4-qwen2.5-1.5b", show_default=True)
-@click.option("--blocks", "num_blocks", type=click.IntRange(min=2), default=512,
+@click.option("--blocks", "num_blocks", type=count(2), default=512,
               show_default=True)
 @click.option("--block-size", type=POSITIVE, default=16, show_default=True)
 @_workload_options
@@ -50,7 +50,7 @@ def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, 
 @click.argument("src", type=click.Path(dir_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Token seed.")
-@click.option("--groups", "num_groups", type=POSITIVE, default=1, show_default=True,
+@click.option("--groups", "num_groups", type=count(1, 10_000), default=1, show_default=True,
               help="Spread requests over this many groups (see --assign).")
 @click.option("--assign", type=click.Choice(["round_robin", "session", "prefix", "zipf",
                                             "servegen", "map"]),
@@ -61,23 +61,23 @@ def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, 
                    "every request shares); zipf (units to groups with shares 1/(g+1)^skew: "
                    "heterogeneous tenants); servegen (shares of real production clients, "
                    "<= 8 groups); map (--tenant-map CSV record,group[,contract]).")
-@click.option("--tenant-skew", type=click.FloatRange(min=0, min_open=True), default=1.0,
+@click.option("--tenant-skew", type=finite(0, 1e3, min_open=True), default=1.0,
               show_default=True, help="--assign zipf: the exponent of the group shares.")
 @click.option("--tenant-map", type=click.Path(dir_okay=False), default=None,
               help="--assign map: CSV with columns record,group[,contract].")
 @click.option("--allow-fewer-groups", is_flag=True,
               help="Accept a tenant model that leaves some of the --groups without requests "
                    "(otherwise an error).")
-@click.option("--time-scale", type=click.FloatRange(min=0, min_open=True), default=1.0,
+@click.option("--time-scale", type=finite(0, 1e6, min_open=True), default=1.0,
               show_default=True,
               help="mooncake, azure: multiply arrival times (2 = half the request rate).")
-@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--rate", type=finite(0, 1e6, min_open=True), default=None,
               help="mooncake, azure: rescale arrival times (one factor, after --time-scale) to "
                    "this mean rate in requests/s.")
 @click.option("--limit", type=POSITIVE, default=None, help="Import only the first N records.")
-@click.option("--warmup-s", type=click.FloatRange(min=0), default=0.0, show_default=True,
+@click.option("--warmup-s", type=finite(0), default=0.0, show_default=True,
               help="Requests arriving before this many seconds are not measured.")
-@click.option("--system-prompt-tokens", type=click.IntRange(min=0), default=0,
+@click.option("--system-prompt-tokens", type=count(0, 1 << 20), default=0,
               show_default=True,
               help="azure, sharegpt: a shared system prompt of this many tokens per group at the "
                    "head of every prompt (Azure's prompts are otherwise all unique).")
@@ -92,8 +92,14 @@ def trace_import(fmt, src, out, seed, num_groups, assign, tenant_skew, tenant_ma
                  max_prompt_tokens, over):
     """Convert an external trace SRC (Mooncake JSONL, ShareGPT JSON, Azure CSV; plain or
     gzip-compressed, with or without a UTF-8 byte-order mark) to OUT."""
+    import os
+
     from prefixshield.traces import importers
     from prefixshield.traces.io import write_trace
+
+    if os.path.exists(out) and os.path.samefile(src, out):
+        raise click.BadParameter(f"{out} is the input SRC: importing would overwrite the source; "
+                                 "give another OUT", param_hint="OUT")
 
     common = dict(seed=seed, warmup_s=warmup_s, limit=limit, assign=assign,
                   tenant_skew=tenant_skew, tenant_map=tenant_map,

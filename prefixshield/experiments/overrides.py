@@ -8,6 +8,8 @@ import types
 import typing
 from typing import Any
 
+from prefixshield.edges import MAX_INT
+
 
 class OverrideError(ValueError):
     """A ``key=value`` override names an unknown field or a value of the wrong type."""
@@ -48,9 +50,14 @@ def _convert(text: str, tp: Any, key: str) -> Any:
         raise OverrideError(f"--set {key}: expected true or false, got {text!r}")
     if tp is int:
         try:
-            return int(text)
+            value = int(text)
         except ValueError:
             raise OverrideError(f"--set {key}: expected an integer, got {text!r}") from None
+        # The declared bound of every integer field (prefixshield.edges): beyond it a count or
+        # a length overflows a C long in numpy or numba before any check of its own runs.
+        if not -MAX_INT <= value <= MAX_INT:
+            raise OverrideError(f"--set {key}: must be in [{-MAX_INT}, {MAX_INT}], got {text}")
+        return value
     if tp is float:
         try:
             value = float(text)

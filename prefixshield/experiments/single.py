@@ -6,6 +6,7 @@ This is what ``prefixshield run`` does; the CLI only parses options and calls in
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import platform
@@ -329,6 +330,8 @@ def check_out_dir(out_dir: str | Path) -> Path:
     earlier ``run`` (``config.json`` and ``summary.csv`` inside, which a new run replaces
     whole), and its parent writable. Raises ValueError naming the folder."""
     out = Path(out_dir)
+    if out.is_symlink():  # the folder swap would replace the link, not what it points at
+        raise ValueError(f"--out {out}: is a symbolic link; give the folder itself")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not (
@@ -359,6 +362,10 @@ def write_outputs(out_dir: str | Path, spec: RunSpec, trace: Trace, trace_info: 
 
     out = check_out_dir(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
+    # A killed earlier run into the same --out left its staging (or swapped-out) folder.
+    for left in [*out.parent.glob(f".{glob.escape(out.name)}.*.new"),
+                 *out.parent.glob(f".{glob.escape(out.name)}.old-*")]:
+        shutil.rmtree(left, ignore_errors=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".new", dir=out.parent))
     written: list[Path] = []
     try:

@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from prefixshield.edges import (MAX_SEEDS, EdgeError, check_cells, check_name,
+                                check_points)
 from prefixshield.experiments.overrides import (OverrideError, parse_overrides,
                                                 parse_policy_spec)
 
@@ -134,8 +136,10 @@ class Experiment:
     title: str = ""
 
     def __post_init__(self) -> None:
-        if not self.name or not all(c.isalnum() or c in "-_." for c in self.name):
-            raise SpecError(f"experiment name {self.name!r}: use letters, digits, '-', '_', '.'")
+        try:  # a folder name under cells/ and a figure label: no '..', '/', '$'
+            check_name(self.name, "experiment name")
+        except EdgeError as e:
+            raise SpecError(str(e)) from None
         if self.kind not in KINDS:
             raise SpecError(f"experiment {self.name}: kind must be one of {KINDS}, got "
                             f"{self.kind!r}")
@@ -145,6 +149,14 @@ class Experiment:
             raise SpecError(f"experiment {self.name}: a policy is listed twice")
         if not self.seeds:
             raise SpecError(f"experiment {self.name}: no seed given")
+        if len(set(self.seeds)) != len(self.seeds):  # a cell counted twice in every mean
+            raise SpecError(f"experiment {self.name}: a seed is listed twice")
+        if len(self.seeds) > MAX_SEEDS:
+            raise SpecError(f"experiment {self.name}: {len(self.seeds):,} seeds, more than the "
+                            f"{MAX_SEEDS:,} allowed")
+        if not isinstance(self.records, bool):
+            raise SpecError(f"experiment {self.name}: records must be true or false, got "
+                            f"{self.records!r}")
         for s in self.seeds:
             if not isinstance(s, int) or isinstance(s, bool) or not 0 <= s < 2 ** 63:
                 raise SpecError(f"experiment {self.name}: seed {s!r} must be an integer in "
@@ -162,6 +174,12 @@ class Experiment:
                 raise SpecError(f"experiment {self.name}: grid field {k!r} has no value")
             if k in self.base:
                 raise SpecError(f"experiment {self.name}: {k!r} is both fixed and swept")
+        try:  # before points() builds them
+            check_points([len(v) for _, v in self.grid], f"experiment {self.name}")
+            check_cells(math.prod(len(v) for _, v in self.grid) * len(self.policies)
+                        * len(self.seeds), f"experiment {self.name}")
+        except EdgeError as e:
+            raise SpecError(str(e)) from None
         if self.kind == "simulate":
             for p in self.policies:
                 try:
@@ -281,8 +299,9 @@ def type_field(workload: str, key: str, text: str, where: str = "") -> Any:
             return value
         if key == "alpha":
             value = _convert(text, float, key)
-            if not (math.isfinite(value) and value > 0):
-                raise SpecError(f"{prefix}alpha: must be a finite number > 0, got {text!r}")
+            if not (math.isfinite(value) and 0 < value <= 100):
+                raise SpecError(f"{prefix}alpha: must be a finite number in (0, 100], got "
+                                f"{text!r}")
             return value
         if key == "c_prefill_basis":
             from prefixshield.experiments.single import C_PREFILL_BASES
@@ -403,6 +422,8 @@ def experiment_from_dict(d: Mapping[str, Any], where: str = "spec") -> Experimen
     if isinstance(seeds, int):
         if seeds < 1:
             raise SpecError(f"{where}: seeds must be >= 1, got {seeds}")
+        if seeds > MAX_SEEDS:  # before range() builds them
+            raise SpecError(f"{where}: seeds must be <= {MAX_SEEDS:,}, got {seeds:,}")
         seeds = tuple(range(seeds))
     elif isinstance(seeds, (list, tuple)):
         seeds = tuple(seeds)
@@ -419,6 +440,9 @@ def experiment_from_dict(d: Mapping[str, Any], where: str = "spec") -> Experimen
         raise SpecError(f"{where}: base must be a table of fields")
     base = {k: typed(k, v, "base") for k, v in base_in.items()}
     grid_in = d.get("grid", {})
+    if not isinstance(grid_in, (Mapping, list, tuple)):
+        raise SpecError(f"{where}: grid must map each field to a list of values, got "
+                        f"{type(grid_in).__name__} {grid_in!r}")
     items = list(grid_in.items()) if isinstance(grid_in, Mapping) else list(grid_in)
     grid = []
     for item in items:
@@ -427,20 +451,29 @@ def experiment_from_dict(d: Mapping[str, Any], where: str = "spec") -> Experimen
             raise SpecError(f"{where}: grid must map each field to a list of values")
         k, vals = str(item[0]), item[1]
         grid.append((k, tuple(typed(k, v, "grid") for v in vals)))
+    records = d.get("records", False)
+    if not isinstance(records, bool):  # "no" would read as true
+        raise SpecError(f"{where}: records must be true or false, got {records!r}")
     try:
         return Experiment(name=name, workload=workload, policies=tuple(map(str, policies)),
                           seeds=seeds, base=base, grid=tuple(grid),
                           baseline=d.get("baseline"), kind=kind,
-                          records=bool(d.get("records", False)), title=str(d.get("title", "")))
+                          records=records, title=str(d.get("title", "")))
     except SpecError as e:
         raise SpecError(f"{where}: {e}") from None
 
 
+OVERHEAD_MAX = {"blocks": 1 << 22, "groups": 4096}
+"""Largest overhead sizes: the benchmark allocates per-block and per-group state; 4 Mi blocks
+is 1,000 x the largest pool the overhead table measures (4,096)."""
+
+
 def _overhead_field(key: str, v: Any, where: str) -> Any:
-    if key not in ("blocks", "groups") or isinstance(v, bool) or not isinstance(v, int) \
-            or v < 2:
-        raise SpecError(f"{where}: overhead experiments take integer blocks and groups "
-                        f"(>= 2), got {key}={v!r}")
+    if key not in OVERHEAD_MAX or isinstance(v, bool) or not isinstance(v, int) \
+            or not 2 <= v <= OVERHEAD_MAX[key]:
+        raise SpecError(f"{where}: overhead experiments take integer blocks in [2, "
+                        f"{OVERHEAD_MAX['blocks']}] and groups in [2, {OVERHEAD_MAX['groups']}], "
+                        f"got {key}={v!r}")
     return v
 
 

@@ -9,25 +9,39 @@ Layout under the store's folder::
 A cell is written atomically (temp file, then rename), records before the summary: the summary
 file's presence is the cell's completion mark. So a killed run leaves whole cells or none, a
 rerun skips finished cells, and no cell can exist twice (its path is its identity). Stray temp
-files of a killed writer are removed when the store is opened.
+files of a killed writer (``cells/**/.*.tmp``, ``figures/.*.tmp``, ``tables/.*.tmp``) are removed
+by the next writer.
+
+One writer at a time: a process that writes a store (``sweep``, ``reproduce``, ``regress
+--out``, ``attack-search``, ``report``) holds an OS lock (``fcntl.flock``) on its
+``.lock`` file until it exits; the kernel drops it when the process dies, however it dies. A
+second writer of another spec is refused at once; one of the same spec waits for the first
+and then resumes (finding its cells done).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 
 import pandas as pd
 
 from prefixshield import __version__
 from prefixshield.atomic import write_text, write_with
+from prefixshield.edges import check_cells
 from prefixshield.experiments.spec import Experiment, SpecError, experiment_from_dict, spec_digest
 
 STORE_FILE = "store.json"
 CELLS = "cells"
+LOCK_FILE = ".lock"
+_HELD: dict[str, int] = {}
+"""Stores this process holds the lock of: real path -> the open descriptor (kept open until the
+process exits; the kernel releases the lock then, or when the process is killed)."""
 FORMAT = 1
 ADAPTIVE_KINDS = ("attack-search",)
 """Store kinds whose spec grows while they run (a search chooses its next points from the
@@ -109,10 +123,18 @@ class ResultsStore:
         the same spec (then finished cells are kept and skipped). Anything else is refused
         before any work, naming what differs."""
         root = Path(root)
+        if root.is_symlink():  # replacing what a link points at is not what --out asks
+            raise SpecError(f"{root}: is a symbolic link; give the folder itself")
         if root.exists() and not root.is_dir():
             raise SpecError(f"{root}: exists and is not a folder")
+        check_cells(sum(len(e.points()) * len(e.policies) * len(e.seeds) for e in experiments),
+                    str(root))
         meta_path = root / STORE_FILE
         digest = spec_digest(experiments)
+        if root.exists() and not meta_path.exists() and any(
+                p.name != LOCK_FILE for p in root.iterdir()):
+            raise SpecError(f"{root}: not empty and not a results store; choose another --out")
+        _lock(root, digest)
         if meta_path.exists():
             old = cls.open(root)
             if old.meta.get("spec_digest") != digest:
@@ -121,14 +143,11 @@ class ResultsStore:
                     "); choose another --out or remove it")
             old._clean_temp()
             return old
-        if root.exists() and any(root.iterdir()):
-            raise SpecError(f"{root}: not empty and not a results store; choose another --out")
         meta = {"format": FORMAT, "kind": kind, "spec_digest": digest,
                 "experiments": [e.to_dict() for e in experiments],
                 "profiles": profile_records(experiments), "provenance": provenance(),
                 **(extra or {})}
         store = cls(root, meta)  # parses the spec back: a spec that cannot be read is not written
-        root.mkdir(parents=True, exist_ok=True)
         if not os.access(root, os.W_OK):
             raise SpecError(f"{root}: not writable")
         write_text(meta_path, json.dumps(meta, indent=2, sort_keys=True) + "\n")
@@ -144,18 +163,45 @@ class ResultsStore:
                             "`prefixshield sweep` or `prefixshield reproduce`")
         try:
             meta = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
             raise SpecError(f"{path}: not valid JSON: {e}") from None
+        if not isinstance(meta, dict):
+            raise SpecError(f"{path}: expected a JSON object (a results store's spec), got "
+                            f"{type(meta).__name__}")
+        if not isinstance(meta.get("experiments"), list):
+            raise SpecError(f"{path}: 'experiments' must be a list of experiments")
         if meta.get("format") != FORMAT:
             raise SpecError(f"{path}: store format {meta.get('format')!r}, this version reads "
                             f"{FORMAT}")
         return cls(root, meta)
 
+    def lock(self) -> None:
+        """Take this store's writer lock (see the module docstring) before writing into it
+        (``report``); refused while a writer of another spec holds it."""
+        _lock(self.root, self.meta.get("spec_digest"))
+        self._clean_temp()
+
     def _clean_temp(self) -> None:
-        cells = self.root / CELLS
-        if cells.exists():
-            for tmp in cells.rglob(".*.tmp"):
-                tmp.unlink(missing_ok=True)
+        """Remove the temporaries a killed writer left: cell, table and figure temp files and
+        the staging folders of atomic folder writes (``.X.<rand>.new``). Only under the lock:
+        a live writer's temporaries are never touched."""
+        import shutil
+
+        for sub in (CELLS, "figures", "tables"):
+            folder = self.root / sub
+            if folder.exists():
+                for tmp in folder.rglob(".*.tmp"):
+                    tmp.unlink(missing_ok=True)
+        for tmp in self.root.glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
+        for stage in self.root.glob(".*.new"):
+            shutil.rmtree(stage, ignore_errors=True)
+        old = self.root / f".{CELLS}.old"  # regress --accept killed between its two renames
+        if old.exists():
+            if (self.root / CELLS).exists():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(old, self.root / CELLS)
 
     def experiment(self, name: str) -> Experiment:
         """The experiment ``name`` of this store."""
@@ -225,10 +271,30 @@ class ResultsStore:
                     for seed in exp.seeds:
                         p = self.cell_path(exp.name, point.id, label, seed)
                         if p.exists():
-                            frames.append(pd.read_parquet(p))
+                            frames.append(self._read_cell(p, exp.name, point.id, label, seed))
         if not frames:
             return pd.DataFrame(columns=["experiment", "point", "policy", "seed", "status"])
         return pd.concat(frames, ignore_index=True)
+
+    def _read_cell(self, p: Path, experiment: str, point: str, label: str,
+                   seed: int) -> pd.DataFrame:
+        """One cell's row, checked against its path: a file moved or copied under another
+        name (another seed, point or policy) would be counted as a cell it is not."""
+        try:
+            df = pd.read_parquet(p)
+        except Exception as e:  # pyarrow raises its own types for a damaged file
+            raise SpecError(f"{p}: not a readable cell: {e}") from None
+        want = {"experiment": experiment, "point": point, "policy": label, "seed": seed}
+        if len(df) != 1 or any(k not in df for k in want):
+            raise SpecError(f"{p}: not a cell (expected one row with "
+                            f"{', '.join(want)} columns)")
+        row = df.iloc[0]
+        for k, v in want.items():
+            got = int(row[k]) if k == "seed" else row[k]
+            if got != v:
+                raise SpecError(f"{p}: the cell says {k} {got!r} but its file name says {v!r}; "
+                                "the store was edited by hand")
+        return df
 
     def load_records(self, experiment: str, point: str, label: str, seed: int) -> pd.DataFrame:
         """Per-request records of one cell (stored only when the experiment asked for them)."""
@@ -236,6 +302,45 @@ class ResultsStore:
         if not p.exists():
             raise FileNotFoundError(f"{p}: no records stored for this cell (run with --records)")
         return pd.read_parquet(p)
+
+
+def _lock(root: Path, digest: str | None) -> None:
+    """Hold ``root``'s writer lock for the rest of this process (creating ``root``).
+
+    Another process holding it: refused at once when the store it writes has another spec than
+    ``digest`` (or when that cannot be told yet), else wait for it to finish."""
+    key = os.path.realpath(root)
+    if key in _HELD:
+        return
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise SpecError(f"{root}: cannot create the store: {e.strerror}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        theirs = _digest_on_disk(root)
+        for _ in range(100):  # the other writer took the lock and is writing store.json
+            if theirs is not None:
+                break
+            time.sleep(0.05)
+            theirs = _digest_on_disk(root)
+        if theirs is None or theirs != digest:
+            os.close(fd)
+            raise SpecError(f"{root}: another process is writing this store"
+                            + ("" if theirs is None else " with another spec")
+                            + "; wait for it or choose another --out") from None
+        fcntl.flock(fd, fcntl.LOCK_EX)  # the same spec: wait, then resume its cells
+    _HELD[key] = fd
+
+
+def _digest_on_disk(root: Path) -> str | None:
+    try:
+        meta = json.loads((root / STORE_FILE).read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    return meta.get("spec_digest") if isinstance(meta, dict) else None
 
 
 def _diff(old: list[Experiment], new: list[Experiment]) -> str:

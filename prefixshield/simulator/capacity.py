@@ -18,6 +18,7 @@ bit for bit (JSON round-trips floats exactly); an unusable cache directory means
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import asdict, replace
 from functools import lru_cache
 from pathlib import Path
@@ -110,7 +111,9 @@ def _measure(cost: CostModel, config: EngineConfig, prompt_tokens: tuple[int, ..
 
     key = disk_key(cost, config, prompt_tokens, output_tokens)
     hit = usercache.load("c_prefill", key, __version__)
-    if isinstance(hit, float) and hit > 0:
+    # json reads ``Infinity`` and ``NaN`` as floats: an entry that is not a finite positive
+    # number (a hand-edited or foreign file) is a miss, measured again and overwritten.
+    if isinstance(hit, float) and math.isfinite(hit) and hit > 0:
         return hit
     value = _probe(cost, config, prompt_tokens, output_tokens)
     usercache.store("c_prefill", key, __version__, value)

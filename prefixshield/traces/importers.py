@@ -23,6 +23,7 @@ import json
 import math
 import os
 import re
+import zlib
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -251,7 +252,7 @@ def _decoded(path: Path, fn):
     except UnicodeDecodeError as e:
         raise TraceError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason}); expected a "
                          "UTF-8 or gzip-compressed UTF-8 file") from None
-    except (EOFError, OSError) as e:  # a truncated or corrupt gzip stream
+    except (EOFError, OSError, zlib.error) as e:  # a truncated or corrupt gzip stream
         raise TraceError(f"{path}: cannot read: {e}") from None
 
 
@@ -352,6 +353,8 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
             where = f"{path}: line {lineno}"
             try:
                 rec = json.loads(line)
+            except RecursionError:  # arrays nested thousands deep: not a trace record
+                raise TraceError(f"{where}: not valid JSON (nested too deeply)") from None
             except json.JSONDecodeError as e:
                 if e.pos >= len(line.rstrip()):
                     raise TraceError(f"{where}: not valid JSON: the line ends mid-record after "
@@ -587,6 +590,9 @@ def _iter_json_array(text: str, path: Path):
         except json.JSONDecodeError as e:
             raise TraceError(f"{path}: line {e.lineno} column {e.colno}: record {index}: "
                              f"not valid JSON ({e.msg})") from None
+        except RecursionError:  # arrays nested thousands deep: not a conversation record
+            raise TraceError(f"{path}: line {line}: record {index}: not valid JSON (nested too "
+                             "deeply)") from None
         yield index, line, pos - line_start + 1, rec
         index += 1
         pos = _WS.match(text, end).end()

@@ -53,6 +53,10 @@ DEFAULT_VOCAB_SIZE = 1000
 """Token ids stay below this; 1000 fits the tiny live-mode model and every real vocabulary."""
 
 
+MAX_ARRIVAL_S = 1e9
+"""Latest arrival a trace may hold (~31.7 years): float64 still resolves 1 us there."""
+
+
 class TraceError(ValueError):
     """A trace (file, record or field) is malformed; the message names where and what."""
 
@@ -134,10 +138,12 @@ class Trace:
         if len(df) == 0:
             return self
         arr = df["arrival_s"].to_numpy(dtype=np.float64)
-        bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0))
+        # Beyond MAX_ARRIVAL_S a step of a few milliseconds is below float64's resolution of
+        # the clock (near 1e300 s every latency reads 0.000 s).
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0) | (arr > MAX_ARRIVAL_S))
         if bad.size:
             raise TraceError(f"{source}: row {int(bad[0])}: field arrival_s must be a finite "
-                             f"number >= 0, got {arr[bad[0]]!r}")
+                             f"number in [0, {MAX_ARRIVAL_S:g}] s, got {arr[bad[0]]!r}")
         dec = np.flatnonzero(np.diff(arr) < 0)
         if dec.size:
             raise TraceError(f"{source}: row {int(dec[0]) + 1}: field arrival_s decreases "

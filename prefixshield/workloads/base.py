@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from prefixshield.edges import MAX_REQUESTS, check_count, check_requests
 from prefixshield.traces.rows import RequestRows
 from prefixshield.traces.schema import DEFAULT_VOCAB_SIZE, MAX_VOCAB_SIZE
 from prefixshield.traces.segments import SegmentKind, segment_ids
@@ -212,6 +213,7 @@ def renewal_times(rng: np.random.Generator, rate: float, start: float, end: floa
     span = end - start
     if span <= 0:
         return np.empty(0)
+    check_requests(rate, span, "arrivals")  # before drawing: 1e12 s would ask for TiB
     mean_n = rate * span
     times = np.empty(0)
     t0 = start
@@ -231,6 +233,8 @@ def renewal_times(rng: np.random.Generator, rate: float, start: float, end: floa
 
 def periodic_times(rate: float, start: float, end: float, limit: int | None = None) -> np.ndarray:
     """``start, start + 1/rate, ...`` below ``end`` (at most ``limit`` of them)."""
+    if limit is None or limit > MAX_REQUESTS:
+        check_requests(rate, end - start, "arrivals")
     n = max(0, math.ceil((end - start) * rate - 1e-9))
     if limit is not None:
         n = min(n, limit)
@@ -253,6 +257,7 @@ def add_cyclic_stream(rows: RequestRows, p: PrefixParams, *, stream: int, group_
     requests cycling over the prefixes (prefix_id = prefix index), each with a unique suffix.
     Returns the measured window and request counts."""
     rng = rng_for(p.seed, stream)
+    check_count(num_prefixes, MAX_REQUESTS, f"{role} prefixes (one warm-up request each)")
     warm_t = np.arange(num_prefixes) * warmup_gap
     start = num_prefixes * warmup_gap
     end = start + p.duration_s

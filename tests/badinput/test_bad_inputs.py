@@ -8,6 +8,7 @@ what was wrong.
 
 import json
 
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
@@ -31,6 +32,12 @@ method = "x"
 """
 
 SMALL = ["--set", "duration_s=8"]
+HUGE = "99999999999999999999"
+GRID_AXES = [("alpha", 1, lambda i: f"{i / 100:g}"), ("duration_s", 1, str),
+             ("prefix_tokens", 100, str), ("vocab_size", 1000, str),
+             ("max_num_seqs", 1, str)]
+"""Five axes of 100 values each: a 10^10-point grid (the first three: 10^6)."""
+SPEC = 'name = "x"\nworkload = "one_touch"\npolicies = ["lru"]\n'
 
 CASES = [
     # --- the tracebacks an audit found
@@ -124,6 +131,79 @@ CASES = [
                          "--out", "{tmp}/m"], "unknown matrix workload"),
     ("matrix bad set", ["validate-matrix", "--profile", "cpu-tiny-qwen2", "--set", "x=1",
                         "--out", "{tmp}/m"], "unknown parameter"),
+    # --- issue 26's audit: integers past C's ranges and sizes past memory, refused up front
+    ("batched tokens huge", ["run", "one_touch", "--max-num-batched-tokens", HUGE],
+     "--max-num-batched-tokens"),
+    ("max seqs huge", ["run", "one_touch", "--max-num-seqs", HUGE], "--max-num-seqs"),
+    ("compare seeds huge", ["compare", "one_touch", "--seeds", HUGE], "--seeds"),
+    ("compare seeds 1e8", ["compare", "one_touch", "--seeds", "100000000"], "--seeds"),
+    ("policy int huge", ["run", "one_touch", "-p", f"prefixshield:max_debt_samples={HUGE}"],
+     "max_debt_samples: must be in"),
+    ("set int huge", ["run", "one_touch", "--set", f"prefix_tokens={HUGE}"],
+     "prefix_tokens: must be in"),
+    ("inspect block size huge", ["trace", "inspect", "{tmp}/good.parquet", "--block-size", HUGE],
+     "--block-size"),
+    ("duration 1e12", ["run", "one_touch", "--set", "duration_s=1e12"], "shorten duration_s"),
+    ("hot prefixes 1e9", ["run", "one_touch", "--set", "num_hot_prefixes=1000000000"],
+     "victim prefixes"),
+    ("alpha 1e300", ["run", "one_touch", "--alpha", "1e300"], "--alpha"),
+    ("import groups 1e20", ["trace", "import", "mooncake", "{tmp}/bad.jsonl", "{tmp}/o.parquet",
+                            "--groups", "1e20"], "--groups"),
+    ("sweep seeds 1e8", ["sweep", "one_touch", "--seeds", "100000000", "--out", "{tmp}/s5"],
+     "--seeds"),
+    ("sweep workers huge", ["sweep", "one_touch", "--workers", HUGE, "--out", "{tmp}/s5"],
+     "--workers"),
+    ("grid 1e10 points", ["sweep", "one_touch", *[a for k, lo, f in GRID_AXES for a in (
+        "--grid", f"{k}=" + ",".join(f(lo + i) for i in range(100)))], "--out", "{tmp}/s6"],
+     "the grid has 10,000,000,000 points"),
+    ("grid 1e6 points", ["sweep", "one_touch", *[a for k, lo, f in GRID_AXES[:3] for a in (
+        "--grid", f"{k}=" + ",".join(f(lo + i) for i in range(100)))], "--out", "{tmp}/s6"],
+     "the grid has 1,000,000 points"),
+    ("overhead 2^40 blocks", ["sweep", "--spec", "{tmp}/overhead.toml", "--out", "{tmp}/s7"],
+     "overhead experiments take integer blocks in"),
+    ("attack trials 1e9", ["attack-search", "--trials", "1000000000", "--out", "{tmp}/a1"],
+     "--trials"),
+    ("corrupt gzip", ["trace", "import", "mooncake", "{tmp}/corrupt.jsonl.gz", "{tmp}/o.parquet"],
+     "cannot read"),
+    ("nested json lines", ["trace", "import", "mooncake", "{tmp}/deep.jsonl", "{tmp}/o.parquet"],
+     "nested too deeply"),
+    ("nested json array", ["trace", "import", "sharegpt", "{tmp}/deep.json", "{tmp}/o.parquet"],
+     "nested too deeply"),
+    ("store.json null", ["report", "{tmp}/st_null"], "expected a JSON object"),
+    ("store.json list", ["report", "{tmp}/st_list"], "expected a JSON object"),
+    ("store.json number", ["report", "{tmp}/st_num"], "expected a JSON object"),
+    ("regress store.json list", ["regress", "{tmp}/st_list"], "expected a JSON object"),
+    ("cell seed vs file name", ["report", "{tmp}/st_seed"], "its file name says"),
+    ("spec grid = 5", ["sweep", "--spec", "{tmp}/grid5.toml", "--out", "{tmp}/s8"],
+     "grid must map each field"),
+    # --- the audit's silent wrong results, now refused
+    ("regress out is baseline", ["regress", "{tmp}/store", "--out", "{tmp}/store/../store"],
+     "is the baseline"),
+    ("set seed", ["run", "one_touch", "--set", "seed=5"], "use --seed"),
+    ("set num_blocks", ["run", "one_touch", "--set", "num_blocks=1024"], "use --blocks"),
+    ("set blocks", ["run", "one_touch", "--set", "blocks=1024"], "use --blocks"),
+    ("set block_size", ["run", "one_touch", "--set", "block_size=32"], "use --block-size"),
+    ("set alpha", ["run", "one_touch", "--set", "alpha=0.9"], "use --alpha"),
+    ("compare set seed", ["compare", "one_touch", "--set", "seed=5"], "use --seed"),
+    ("arrivals near 1e300", ["run", "{tmp}/far.parquet"], "arrival_s must be a finite number"),
+    ("experiment named ..", ["sweep", "one_touch", "--name", "..", "--out", "{tmp}/s9"],
+     "experiment name '..'"),
+    ("experiment named $x$", ["sweep", "one_touch", "--name", "$x$", "--out", "{tmp}/s9"],
+     "experiment name '$x$'"),
+    ("import out is src", ["trace", "import", "mooncake", "{tmp}/bad.jsonl", "{tmp}/bad.jsonl"],
+     "is the input SRC"),
+    ("spec seeds twice", ["sweep", "--spec", "{tmp}/seeds00.toml", "--out", "{tmp}/s10"],
+     "a seed is listed twice"),
+    ("spec records no", ["sweep", "--spec", "{tmp}/recno.toml", "--out", "{tmp}/s11"],
+     "records must be true or false"),
+    ("run out symlink", ["run", "{tmp}/good.parquet", "--out", "{tmp}/link"], "symbolic link"),
+    ("sweep out symlink", ["sweep", "one_touch", "--out", "{tmp}/link"], "symbolic link"),
+    ("report no readable cell", ["report", "{tmp}/st_empty"], "no cell of its 1 is written"),
+    ("attack-search all trials failed", [
+        "attack-search", "-p", "static_quota", "--trials", "1", "--batch", "1", "--seeds", "1",
+        "--eval-seeds", "1", "--no-warm-start", "--set", "prefix_tokens=6144", "--set",
+        "duration_s=2", "--executor", "inprocess", "--out", "{tmp}/a2"],
+     "every trial failed against static_quota"),
 ]
 
 
@@ -169,7 +249,41 @@ def tmp(tmp_path_factory):
                                   "--no-report", "--out", str(d / "store")],
                            catch_exceptions=False)
     assert r.exit_code == 0, r.output
+    _issue26_files(d, good)
     return d
+
+
+def _issue26_files(d, good):
+    """The files of issue 26's cases: damaged stores, spec files, traces, importer inputs."""
+    import gzip
+    import shutil
+
+    variant_far = good.requests.copy()
+    variant_far["arrival_s"] = variant_far["arrival_s"] + 1e300
+    _write_unchecked(_replace(good, requests=variant_far), d / "far.parquet")
+    (d / "overhead.toml").write_text('name = "o"\nworkload = "-"\nkind = "overhead"\n'
+                                     'policies = ["lru"]\nseeds = [0]\n'
+                                     "[grid]\nblocks = [1099511627776]\ngroups = [8]\n")
+    (d / "grid5.toml").write_text(SPEC + "grid = 5\n")
+    (d / "seeds00.toml").write_text(SPEC + "seeds = [0, 0]\n")
+    (d / "recno.toml").write_text(SPEC + 'records = "no"\n')
+    blob = gzip.compress(b'{"timestamp": 0, "input_length": 10, "output_length": 1, '
+                         b'"hash_ids": [1]}\n' * 200)
+    (d / "corrupt.jsonl.gz").write_bytes(blob[:30] + b"\xff" * 40 + blob[70:])
+    (d / "deep.jsonl").write_text("[" * 100_000 + "\n")
+    (d / "deep.json").write_text("[" + "[" * 100_000)
+    for name, text in (("st_null", "null"), ("st_list", "[1, 2]"), ("st_num", "7")):
+        (d / name).mkdir()
+        (d / name / "store.json").write_text(text)
+    shutil.copytree(d / "store", d / "st_seed")
+    cell = next((d / "st_seed" / "cells").rglob("seed=0.parquet"))
+    frame = pd.read_parquet(cell)
+    frame["seed"] = 5  # a cell of seed 5 saved under seed 0's name
+    frame.to_parquet(cell, index=False)
+    shutil.copytree(d / "store", d / "st_empty")
+    shutil.rmtree(d / "st_empty" / "cells")
+    (d / "linked").mkdir()
+    (d / "link").symlink_to(d / "linked")
 
 
 def _replace(t, **kw):
@@ -204,7 +318,7 @@ def test_bad_input_gets_one_clear_error(tmp, name, args, words):
 
 
 def test_the_table_is_large():
-    assert len(CASES) >= 43
+    assert len(CASES) >= 110
 
 
 def test_group_names_do_not_become_spreadsheet_formulas(tmp, tmp_path):
