@@ -932,3 +932,67 @@ def write_figures(folder: Path, res: SearchResult) -> list[Path]:
         F.eviction_heatmaps(paths[-1], "evictions under each policy's worst attack "
                             "(mean blocks per run)", mats)
     return paths
+
+
+def config_of_store(store: ResultsStore) -> SearchConfig:
+    """The :class:`SearchConfig` a search store was written by (its ``meta["search"]``), with
+    ``trials`` the most trials stored for a policy. Raises SpecError for another kind."""
+    ident = store.meta.get("search")
+    if store.meta.get("kind") != "attack-search" or not ident:
+        raise SpecError(f"{store.root}: not an attack-search store")
+    names = [e.name for e in store.experiments if e.name.startswith("search.")]
+    per = {}
+    for n in names:
+        pol = n.rsplit(".t", 1)[0]
+        per[pol] = per.get(pol, 0) + 1
+    keep = {k: v for k, v in ident.items() if k not in ("space", "policies", "base")}
+    return SearchConfig(policies=tuple(ident["policies"]), trials=max(per.values(), default=1),
+                        base=dict(ident["base"]), **keep)
+
+
+def load_result(root: str | Path, executor=None) -> SearchResult:
+    """The result of the search stored in ``root`` (re-asked from its stored trials; a trial
+    or transfer run missing is computed on ``executor``, in-process when None)."""
+    from prefixshield.experiments.executors import make_executor
+
+    store = ResultsStore.open(root)
+    config = config_of_store(store)
+    r = resolve(config)
+    store = open_store(root, config, r)
+    ex = executor or make_executor("inprocess", None)
+    try:
+        return run_search(store, config, r, ex)
+    finally:
+        if executor is None:
+            ex.close()
+
+
+def worst_case_rows(label: str, res: SearchResult) -> list[dict]:
+    """Rows of the per-(scheduler, policy) worst-case table: the worst loss at the search
+    seeds and held out, the victim's P95 TTFT and P95 queueing delay held out (control ->
+    worst), and the attacker's measured block-seconds per second."""
+    obj = res.config.objective
+    u = loss_unit(obj)
+    rows = []
+    for pol in res.config.policies:
+        t = res.worst[pol]
+        held = res.transfer.get(pol, {}).get(pol) if t is not None else None
+        if t is None or held is None:
+            rows.append({"scheduler": label, "policy": pol, "trials": len(res.trials[pol]),
+                         f"worst loss ({u}) [95% CI]": "no feasible trial"})
+            continue
+        w = t.result
+        rows.append({
+            "scheduler": label, "policy": pol, "trials": len(res.trials[pol]),
+            f"worst loss ({u}) [95% CI]": fmt_loss(_metric(w, obj), obj),
+            f"held-out ({u}) [95% CI]": fmt_loss(_metric(held, obj), obj),
+            "victim hit ratio held-out: control -> worst":
+                f"{100 * held.control_hit:.1f}% -> {100 * held.attack_hit:.1f}%",
+            "victim P95 TTFT held-out (s): control -> worst":
+                f"{held.p95_ttft - held.ttft_increase[0]:.2f} -> {held.p95_ttft:.2f}",
+            "victim P95 queue held-out (s): control -> worst":
+                f"{held.control_p95_queue:.2f} -> {held.p95_queue:.2f}",
+            "attacker block-s/s (measured)": _block_s_text(w, res.resolved),
+            "found at trial": f"{t.number} ({t.source})",
+            "what it does": describe(t.fields)})
+    return rows
