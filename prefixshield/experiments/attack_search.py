@@ -472,9 +472,15 @@ def block_s_rate(p: Paired, r: Resolved) -> float:
     return p.attacker_block_s / r.window_s
 
 
+ROUNDING = 1e-9
+"""Relative excess over the block-seconds limit that is floating-point rounding, not spending:
+the default limit is a mean of per-seed rates and a trial's rate a mean total over the window,
+so one_touch's own point can measure one ulp above the level it defines."""
+
+
 def over_budget(p: Paired, r: Resolved) -> float:
     """By how much a run exceeded the block-seconds budget as measured: ``measured / limit -
-    1`` (<= 0: kept it; -inf when block-seconds are not charged)."""
+    1`` (<= :data:`ROUNDING`: kept it; -inf when block-seconds are not charged)."""
     if "block_s" not in r.limits:
         return -math.inf
     v = block_s_rate(p, r)
@@ -598,7 +604,9 @@ def run_search(store: ResultsStore, config: SearchConfig, r: Resolved, executor,
             n = trial.number
             source = f"warm start: {warm[pol][n]}" if n < len(warm[pol]) else config.sampler
             over = over_budget(res, r)
-            feasible = not over > 0
+            feasible = not over > ROUNDING
+            if feasible:
+                over = min(over, 0.0)
             records[pol].append(TrialRecord(pol, n, source, fields, res, feasible))
             if res.failed or not math.isfinite(res.value(config.objective)) or (
                     not feasible and config.sampler == "cmaes"):   # CMA-ES has no constraints

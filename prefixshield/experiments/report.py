@@ -610,15 +610,14 @@ def worst_cases_section(root: Path) -> Section | None:
     from prefixshield.experiments.reproduce import SCHEDULER_SETTINGS
 
     sec = Section("worst-cases", "Worst cases per scheduler and policy (attack search)")
-    rows = []
+    rows, budgets = [], []
     for key, label, _ in SCHEDULER_SETTINGS:
         folder = root / "attack-search" / key
         if not (folder / "store.json").exists():
             continue
         res = AS.load_result(folder)
         rows += AS.worst_case_rows(label, res)
-        if key == SCHEDULER_SETTINGS[0][0] or not sec.notes:
-            sec.notes.append(AS.budget_line(res.config, res.resolved))
+        budgets.append(f"{label}: {AS.budget_line(res.config, res.resolved)}")
         tr = AS.transfer_table(res)
         sec.tables.append(Table(f"worst-cases-transfer-{key}",
                                 f"Transfer under {label}: worst attack found against ROW, run "
@@ -630,7 +629,8 @@ def worst_cases_section(root: Path) -> Section | None:
     sec.tables.insert(0, Table("worst-cases", sec.title, df, df, notes=[
         "worst loss: the victim's paired hit-ratio loss under the worst feasible attack found "
         "(search seeds; the maximum of many noisy trials is biased upwards), held-out: the same "
-        "attack on held-out seeds. Per-search tables and figures: attack-search/<scheduler>/."]))
+        "attack on held-out seeds. Per-search tables and figures: attack-search/<scheduler>/.",
+        *budgets]))
     return sec
 
 
