@@ -19,20 +19,23 @@ from prefixshield.edges import MAX_SEEDS, MAX_TRIALS
 
 
 def _budget(items: tuple[str, ...]) -> dict:
-    """``--budget`` items ``requests[=R]`` / ``prompt_tokens[=R]`` (per second) -> the config's
-    budget fields. The units given are the limits that apply (none given: both); a unit without
-    a rate is at the one-touch flood rate."""
-    from prefixshield.workloads.searched_attack import BUDGET_LIMITS
+    """``--budget`` items ``UNIT[=RATE]`` (per second) -> the config's budget fields. The units
+    given are the limits that apply (none given: requests, prompt tokens and block-seconds); a
+    unit without a rate is at one_touch's level."""
+    import math
 
-    units = [u for u in BUDGET_LIMITS if u != "both"]
-    out: dict = {"budget_requests": None, "budget_prompt_tokens": None}
+    from prefixshield.experiments.attack_search import BUDGET_FIELDS, DEFAULT_BUDGET
+    from prefixshield.workloads.searched_attack import BUDGET_UNITS
+
+    out: dict = {f: None for f in BUDGET_FIELDS}
     seen = []
     for text in items:
         unit, sep, value = text.partition("=")
         unit = unit.strip()
-        if unit not in units or unit in seen:
-            raise click.BadParameter(f"expected UNIT[=RATE] with UNIT one of {', '.join(units)} "
-                                     f"(each at most once), got {text!r}", param_hint="--budget")
+        if unit not in BUDGET_UNITS or unit in seen:
+            raise click.BadParameter(f"expected UNIT[=RATE] with UNIT one of "
+                                     f"{', '.join(BUDGET_UNITS)} (each at most once), got "
+                                     f"{text!r}", param_hint="--budget")
         seen.append(unit)
         if sep:
             try:
@@ -40,11 +43,37 @@ def _budget(items: tuple[str, ...]) -> dict:
             except ValueError:
                 raise click.BadParameter(f"{unit}: expected a number per second, got {value!r}",
                                          param_hint="--budget") from None
-            if not rate > 0:
-                raise click.BadParameter(f"{unit}: must be > 0 per second, got {value!r}",
-                                         param_hint="--budget")
+            if not (rate > 0 and math.isfinite(rate)):
+                raise click.BadParameter(f"{unit}: must be a finite number > 0 per second, got "
+                                         f"{value!r}", param_hint="--budget")
             out[f"budget_{unit}"] = rate
-    out["budget_limits"] = seen[0] if len(seen) == 1 else "both"
+    out["budget_limits"] = "+".join(u for u in BUDGET_UNITS if u in seen) or DEFAULT_BUDGET
+    return out
+
+
+def _scheduler_fields(scheduler: str, tenant_limits: tuple[str, ...]) -> dict:
+    """``--scheduler`` and ``--tenant-limit KEY=N`` -> the sweep fields ``scheduler`` and
+    ``tenant_max_KEY`` (every tenant), checked before any work."""
+    from prefixshield.experiments.spec import SCHEDULER_KEYS, SpecError, type_field
+    from prefixshield.scheduling import SCHEDULERS
+
+    if scheduler not in SCHEDULERS:
+        raise click.BadParameter(f"unknown scheduler {scheduler!r}; known: "
+                                 f"{', '.join(SCHEDULERS)}", param_hint="--scheduler")
+    out: dict = {"scheduler": scheduler} if scheduler != "fcfs" else {}
+    for item in tenant_limits:
+        key, sep, value = item.partition("=")
+        field = "tenant_" + key.strip()
+        if not sep or field not in SCHEDULER_KEYS or field == "tenant_scheduler" or \
+                field in out:
+            keys = ", ".join(k[len("tenant_"):] for k in SCHEDULER_KEYS if k != "scheduler")
+            raise click.BadParameter(f"expected KEY=N with KEY one of {keys} (each at most "
+                                     f"once), got {item!r}",
+                                     param_hint="--tenant-limit")
+        try:
+            out[field] = type_field("searched_attack", field, value.strip(), "--tenant-limit")
+        except SpecError as e:
+            raise click.BadParameter(str(e), param_hint="--tenant-limit") from None
     return out
 
 
@@ -81,9 +110,19 @@ def _space_names() -> set[str]:
                    "gets its own search.")
 @click.option("--budget", "budget_items", multiple=True, metavar="UNIT[=RATE]",
               help="A limit of the attacker's budget, the same for every policy: requests=R "
-                   "(requests/s) or prompt_tokens=R (prompt tokens/s); repeat for both. A unit "
-                   "without a rate is at the one-touch flood rate, min(0.75 C_prefill, 1.15 "
-                   "base rate) [default: both limits at that rate].")
+                   "(requests/s), prompt_tokens=R (prompt tokens/s), tokens=R (prompt + output "
+                   "tokens/s) or block_s=R (KV block-seconds/s); repeatable. A unit without a "
+                   "rate is at one_touch's level: the one-touch flood rate, min(0.75 "
+                   "C_prefill, 1.15 base rate), in requests or tokens, and one_touch's "
+                   "block-seconds/s measured under LRU at this setup [default: requests, "
+                   "prompt_tokens and block_s, each at that level]. '--budget prompt_tokens' "
+                   "alone is the prompt-token budget of earlier versions.")
+@click.option("--scheduler", default="fcfs", show_default=True, metavar="NAME",
+              help="The engine's scheduler in every run: fcfs, priority or vtc (part of the "
+                   "search's identity: one store per scheduler).")
+@click.option("--tenant-limit", "tenant_limits", multiple=True, metavar="KEY=N",
+              help="A per-tenant admission limit of every tenant in every run: max_running, "
+                   "max_blocks or max_output_tokens. Repeatable.")
 @click.option("--trials", type=count(1, MAX_TRIALS), default=200, show_default=True,
               help="Trials per policy (a rerun with more extends the search).")
 @click.option("--seeds", type=count(1, MAX_SEEDS), default=5, show_default=True,
@@ -120,9 +159,9 @@ def _space_names() -> set[str]:
               help="Process-pool workers (or local Ray CPUs) [default: one per core].")
 @click.option("--address", default=None, help="Ray cluster address (with --executor ray).")
 @_user_errors
-def attack_search(policies, budget_items, trials, seeds, eval_seeds, objective, sampler,
-                  sampler_seed, batch, warm_start, num_blocks, vllm_compat, profile, alpha,
-                  fixed, out_dir, executor, workers, address):
+def attack_search(policies, budget_items, scheduler, tenant_limits, trials, seeds, eval_seeds,
+                  objective, sampler, sampler_seed, batch, warm_start, num_blocks, vllm_compat,
+                  profile, alpha, fixed, out_dir, executor, workers, address):
     """Find, per policy, the attack that hurts the victim most under a fixed attacker budget.
 
     \b
@@ -130,6 +169,7 @@ def attack_search(policies, budget_items, trials, seeds, eval_seeds, objective, 
       prefixshield attack-search --policy lru --trials 50 --seeds 3 --out results/as-lru
       prefixshield attack-search --budget requests=0.5 --budget prompt_tokens=800 \\
           --objective p95_ttft --out results/as
+      prefixshield attack-search --scheduler vtc --trials 200 --out results/as-vtc
 
     An optuna search (seeded; trials in rounds, told in trial order) over the searched_attack
     space maximizes the victim's paired loss against the no-attack control. Every trial's runs
@@ -145,7 +185,8 @@ def attack_search(policies, budget_items, trials, seeds, eval_seeds, objective, 
     from prefixshield.experiments.executors import make_executor
 
     budget = _budget(budget_items)
-    base = _base_fields(num_blocks, vllm_compat, profile, alpha, fixed)
+    base = {**_base_fields(num_blocks, vllm_compat, profile, alpha, fixed),
+            **_scheduler_fields(scheduler, tenant_limits)}
     config = AS.SearchConfig(policies=_policy_names(policies), trials=trials, seeds=seeds,
                              eval_seeds=seeds if eval_seeds is None else eval_seeds,
                              objective=objective, **budget,

@@ -120,6 +120,32 @@ def _command_line() -> str:
     return "prefixshield " + " ".join(shlex.quote(a) for a in sys.argv[1:])
 
 
+def _worst_case_searches(out: Path, quick, compat, profile, executor, workers, address) -> None:
+    """Run (or resume) the worst-case attack search of every scheduler setting into
+    ``out/attack-search/<key>/`` (tables and figures there too)."""
+    import time
+
+    from prefixshield.experiments import attack_search as AS
+    from prefixshield.experiments.executors import make_executor
+    from prefixshield.experiments.reproduce import worst_case_searches
+
+    AS._import_optuna()
+    for key, label, config in worst_case_searches(quick, compat, profile):
+        t0 = time.perf_counter()
+        with console.status(f"attack search under {label}..."):
+            resolved = AS.resolve(config)
+            folder = out / "attack-search" / key
+            store = AS.open_store(folder, config, resolved, command=_command_line())
+            ex = make_executor(executor, workers, address)
+            try:
+                res = AS.run_search(store, config, resolved, ex)
+            finally:
+                ex.close()
+            AS.write_outputs(folder, res)
+        console.print(f"attack search under {label}: {config.trials} trials per policy, "
+                      f"{time.perf_counter() - t0:.1f} s wall")
+
+
 # ---------------------------------------------------------------------------------------- sweep
 @click.command()
 @click.argument("workload", required=False)
@@ -250,6 +276,7 @@ def reproduce(quick, seeds, compat, profile, out_dir, executor, workers, address
     t0 = time.perf_counter()
     _run_with_progress(store, executor, workers, address, "reproduce")
     console.print(f"cells took {time.perf_counter() - t0:.1f} s wall")
+    _worst_case_searches(Path(out_dir), quick, compat, profile, executor, workers, address)
     _report(store)
     console.print(f"open {Path(out_dir) / 'index.md'}")
 

@@ -58,6 +58,9 @@ OBJECTIVES = ("hit_ratio", "p95_ttft")
 SAMPLERS = ("tpe", "cmaes")
 N_RESAMPLES = 10_000
 WORKLOAD = "searched_attack"
+DEFAULT_BUDGET = "requests+prompt_tokens+block_s"
+"""The default budget: one_touch's requests/s, prompt tokens/s and KV block-seconds/s."""
+BUDGET_FIELDS = ("budget_requests", "budget_prompt_tokens", "budget_tokens", "budget_block_s")
 
 
 @dataclass(frozen=True)
@@ -71,12 +74,19 @@ class SearchConfig:
         eval_seeds: held-out seeds ``seeds .. seeds+eval_seeds-1`` of the transfer check.
         objective: ``hit_ratio`` (victim hit-ratio loss, fraction) or ``p95_ttft`` (victim P95
             TTFT increase, seconds).
-        budget_limits: which limits of the attacker's budget apply: ``both``, ``requests``
-            or ``prompt_tokens`` (see :mod:`prefixshield.workloads.searched_attack`).
+        budget_limits: which limits of the attacker's budget apply: units joined by ``+``
+            from ``requests``, ``prompt_tokens``, ``tokens`` (prompt + output), ``block_s`` (KV
+            block-seconds), or ``both`` (``requests+prompt_tokens``); see
+            :mod:`prefixshield.workloads.searched_attack`. Default: requests, prompt tokens and
+            block-seconds, each at one_touch's level.
         budget_requests: the request limit, requests/s (None: the one-touch flood rate
             of the reference setup).
         budget_prompt_tokens: the prompt-token limit, tokens/s (None: the one-touch flood rate
             times one_touch's mean prompt).
+        budget_tokens: the prompt + output token limit, tokens/s (None: the one-touch flood
+            rate times one_touch's mean prompt + mean output).
+        budget_block_s: the KV block-seconds limit, block-seconds per second (None: one_touch's
+            attacker block-seconds per second measured at this setup, see :func:`resolve`).
         sampler: ``tpe`` (optuna's TPESampler, constant liar for batches) or ``cmaes``.
         sampler_seed: the sampler's seed.
         batch: trials asked per policy per round (part of the identity: rounds fix the order).
@@ -90,9 +100,11 @@ class SearchConfig:
     seeds: int = 5
     eval_seeds: int = 5
     objective: str = "hit_ratio"
-    budget_limits: str = "both"
+    budget_limits: str = DEFAULT_BUDGET
     budget_requests: float | None = None
     budget_prompt_tokens: float | None = None
+    budget_tokens: float | None = None
+    budget_block_s: float | None = None
     sampler: str = "tpe"
     sampler_seed: int = 0
     batch: int = 4
@@ -114,15 +126,30 @@ class SearchConfig:
         if self.sampler not in SAMPLERS:
             raise SpecError(f"attack-search: sampler must be one of {', '.join(SAMPLERS)}, got "
                             f"{self.sampler!r}")
-        from prefixshield.workloads.searched_attack import BUDGET_LIMITS
+        from prefixshield.scheduling import SCHEDULERS
+        from prefixshield.workloads.searched_attack import parse_budget_limits
 
-        if self.budget_limits not in BUDGET_LIMITS:
-            raise SpecError(f"attack-search: budget limits must be one of "
-                            f"{', '.join(BUDGET_LIMITS)}, got {self.budget_limits!r}")
-        for name in ("budget_requests", "budget_prompt_tokens"):
+        try:
+            parse_budget_limits(self.budget_limits)
+        except ValueError as e:
+            raise SpecError(f"attack-search: {e}") from None
+        for name in BUDGET_FIELDS:
             v = getattr(self, name)
             if v is not None and not (v > 0 and math.isfinite(v)):
-                raise SpecError(f"attack-search: {name} must be > 0 per second, got {v}")
+                raise SpecError(f"attack-search: {name} must be a finite number > 0 per "
+                                f"second, got {v}")
+        sched = self.base.get("scheduler", "fcfs")
+        if sched not in SCHEDULERS:
+            raise SpecError(f"attack-search: unknown scheduler {sched!r}; known: "
+                            f"{', '.join(SCHEDULERS)}")
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """The budget's units in force (``requests``, ``prompt_tokens``, ``tokens``,
+        ``block_s``)."""
+        from prefixshield.workloads.searched_attack import parse_budget_limits
+
+        return parse_budget_limits(self.budget_limits)
 
     @property
     def search_seeds(self) -> tuple[int, ...]:
@@ -138,8 +165,8 @@ class SearchConfig:
         """What fixes the sequence of trials (everything but ``trials``), as JSON."""
         return {"policies": list(self.policies), "seeds": self.seeds,
                 "eval_seeds": self.eval_seeds, "objective": self.objective,
-                "budget_limits": self.budget_limits, "budget_requests": self.budget_requests,
-                "budget_prompt_tokens": self.budget_prompt_tokens, "sampler": self.sampler,
+                "budget_limits": self.budget_limits,
+                **{f: getattr(self, f) for f in BUDGET_FIELDS}, "sampler": self.sampler,
                 "sampler_seed": self.sampler_seed, "batch": self.batch,
                 "warm_start": self.warm_start,
                 "base": {k: jsonable(v) for k, v in sorted(self.base.items())},
@@ -151,13 +178,20 @@ class Resolved:
     """The budget and load of a search, resolved once (C_prefill measured as every run does).
 
     Attributes:
-        limits: the applied limits per second by unit (``requests``, ``prompt_tokens``).
+        limits: the applied limits per second by unit (``requests``, ``prompt_tokens``,
+            ``tokens``, ``block_s``).
         base_rate: the victim's rate (requests/s) = alpha x C_prefill.
         c_prefill: requests/s.
         budget_rate: per hand-written workload, the budget in requests/s for its requests.
         designed_rate: per hand-written workload, its own attacker rate (requests/s).
         spend: per hand-written workload, what it sends under the budget (requests/s).
         prefix_tokens: the victim's (and one_touch's attacker's) prefix length.
+        window_s: the pressure window every attack spends its budget over (seconds).
+        one_touch_block_s: one_touch's attacker block-seconds per second of the window,
+            measured under LRU at this setup (scheduler included), mean over the search
+            seeds, at what it sends under the other limits (NaN when block_s is not charged).
+        block_s_scale: measured / estimated block-seconds of one_touch's requests: the
+            contention factor of the block-seconds estimate (1 when not measured).
     """
 
     limits: dict[str, float]
@@ -167,6 +201,9 @@ class Resolved:
     designed_rate: dict[str, float]
     spend: dict[str, float]
     prefix_tokens: int
+    window_s: float = float("nan")
+    one_touch_block_s: float = float("nan")
+    block_s_scale: float = 1.0
 
 
 def _policy_dir(label: str) -> str:
@@ -177,38 +214,96 @@ def _policy_dir(label: str) -> str:
 
 def resolve(config: SearchConfig) -> Resolved:
     """Measure the load and turn the budget into numbers (raises ValueError naming a bad
-    field of ``base``)."""
+    field of ``base``).
+
+    With ``block_s`` in the budget, one_touch is run under LRU at every search seed (at what
+    it sends under the other limits, or its own rate when block_s is the only one) and its
+    attacker's block-seconds per second of the window, averaged over the seeds, ``M``, is
+    measured. The limit defaults to ``M``. The estimate a generated attack is charged
+    before it runs is calibrated on it: ``block_s_scale = M / (rate x E)``, with ``E`` the
+    uncontended estimate of one one_touch request, so one_touch at its rate estimates to
+    exactly ``M``, and other shapes are charged the same contention factor."""
+    from dataclasses import replace
+
     from prefixshield.experiments.cells import run_spec
     from prefixshield.experiments.single import resolve_params
 
     from prefixshield.workloads.searched_attack import budget_request_rate
 
-    p, info = resolve_params(run_spec(WORKLOAD, {**config.base, **_budget_fields(config)},
-                                      0, ("lru",)))
-    limits = p.limits()
-    budget_rate, designed, spend = {}, {}, {}
+    units = config.units
+    pre = "+".join(u for u in units if u != "block_s")
+    fields = {"budget_limits": pre or "requests",
+              **{f: getattr(config, f) for f in BUDGET_FIELDS if f != "budget_block_s"},
+              "block_s_profile": config.base.get("profile", "l4-qwen2.5-1.5b")}
+    p, info = resolve_params(run_spec(WORKLOAD, {**config.base, **fields}, 0, ("lru",)))
+    limits = p.limits() if pre else {}
+    shapes, designed = {}, {}
     for w in FIXED_ATTACKS:
         pw, _ = resolve_params(run_spec(w, dict(config.base), 0, ("lru",)))
-        per_request = pw.prefix_tokens + (pw.suffix_tokens[0] + pw.suffix_tokens[1]) / 2
-        budget_rate[w] = budget_request_rate(limits, per_request)
+        # The hand-written attackers send prefix + suffix prompts with the data's outputs.
+        shapes[w] = replace(p, attacker_prefix_tokens=pw.prefix_tokens,
+                            attacker_output_tokens=None)
         designed[w] = pw.attacker_request_rate()
-        spend[w] = spend_rate(designed[w], budget_rate[w])
+
+    def spends(lim):
+        if not lim:
+            return dict(designed), dict(designed)
+        rate = {w: budget_request_rate(lim, shapes[w].request_costs()) for w in FIXED_ATTACKS}
+        return rate, {w: spend_rate(designed[w], rate[w]) for w in FIXED_ATTACKS}
+
+    budget_rate, spend = spends(limits)
+    window = _window_s(config)
+    m, scale = float("nan"), 1.0
+    if "block_s" in units:
+        m = _measure_block_s(config, spend["one_touch"], window)
+        est = shapes["one_touch"].estimated_block_s(p.prefix_tokens, None)
+        scale = m / (spend["one_touch"] * est)
+        limits = {**limits, "block_s": m if config.budget_block_s is None
+                  else config.budget_block_s}
+        shapes = {w: replace(q, block_s_scale=scale) for w, q in shapes.items()}
+        budget_rate, spend = spends(limits)
+    limits = {u: limits[u] for u in units}
     return Resolved(limits=limits, base_rate=p.base_rate,
                     c_prefill=float(info.get("c_prefill_req_per_s") or p.c_prefill),
                     budget_rate=budget_rate, designed_rate=designed, spend=spend,
-                    prefix_tokens=p.prefix_tokens)
+                    prefix_tokens=p.prefix_tokens, window_s=window, one_touch_block_s=m,
+                    block_s_scale=scale)
 
 
-def _budget_fields(config: SearchConfig) -> dict:
-    return {"budget_limits": config.budget_limits, "budget_requests": config.budget_requests,
-            "budget_prompt_tokens": config.budget_prompt_tokens}
+def _window_s(config: SearchConfig) -> float:
+    """The pressure window of the search's traces (seconds), from the control's meta."""
+    from prefixshield.experiments.cells import run_spec
+    from prefixshield.experiments.single import build_trace
+
+    trace, _ = build_trace(run_spec(WORKLOAD, {**config.base, "budget_limits": "requests",
+                                               "attack": False}, 0, ("lru",)))
+    w0, w1 = trace.meta["pressure_window_s"]
+    return float(w1 - w0)
+
+
+def _measure_block_s(config: SearchConfig, rate: float, window: float) -> float:
+    """one_touch at ``rate`` requests/s under LRU at the search's setup: its attacker's
+    block-seconds per second of the window, mean over the search seeds."""
+    from prefixshield.experiments.cells import run_spec
+    from prefixshield.experiments.single import build_trace, run_policies
+    from prefixshield.simulator.metrics import summarize
+
+    vals = []
+    for seed in config.search_seeds:
+        spec = run_spec("one_touch", {**config.base, "attacker_rate": rate}, seed, ("lru",))
+        trace, _ = build_trace(spec)
+        vals.append(summarize(run_policies(trace, spec)["lru"])["attacker_block_s"] / window)
+    return float(np.mean(vals))
 
 
 def _search_base(config: SearchConfig, r: Resolved) -> dict:
     """Fields of every searched_attack run: the setup and the budget as resolved numbers."""
-    return {**config.base, "budget_limits": config.budget_limits,
-            "budget_requests": r.limits.get("requests"),
-            "budget_prompt_tokens": r.limits.get("prompt_tokens")}
+    out = {**config.base, "budget_limits": "+".join(config.units),
+           **{f"budget_{u}": v for u, v in r.limits.items()}}
+    if "block_s" in r.limits:
+        out.update(block_s_profile=config.base.get("profile", "l4-qwen2.5-1.5b"),
+                   block_s_scale=r.block_s_scale)
+    return out
 
 
 def fixed_experiments(config: SearchConfig, r: Resolved) -> list[Experiment]:
@@ -268,7 +363,11 @@ class Paired:
     P95 TTFT (s): mean and 95% bootstrap CI (``None`` CIs until :meth:`with_ci`); ``pressure``
     and ``debt``: the attacker's measured creation-pressure ratio and mean debt (blocks), mean
     over seeds; ``evictions``: the mean eviction matrix; ``control_hit`` / ``attack_hit``: the
-    victim's mean hit ratio without and with the attack; ``failed``: the first error, if any."""
+    victim's mean hit ratio without and with the attack; ``attacker_block_s``: the attacker's
+    KV block-seconds per run (mean over seeds); ``p95_ttft`` / ``p95_queue``: the victim's P95
+    TTFT and P95 queueing delay (arrival to first admission) under the attack, and
+    ``control_p95_queue`` without it (seconds, mean over seeds); ``failed``: the first error,
+    if any."""
 
     seeds: int
     hit_loss: tuple[float, float | None, float | None]
@@ -278,6 +377,10 @@ class Paired:
     evictions: pd.DataFrame | None
     control_hit: float = float("nan")
     attack_hit: float = float("nan")
+    attacker_block_s: float = float("nan")
+    p95_ttft: float = float("nan")
+    p95_queue: float = float("nan")
+    control_p95_queue: float = float("nan")
     failed: str = ""
     _a: tuple = ()
 
@@ -323,20 +426,31 @@ def paired(attack: pd.DataFrame, control: pd.DataFrame, policy: str) -> Paired:
                   float(a.loc[seeds, "attacker_pressure_ratio"].astype(float).mean()),
                   float(a.loc[seeds, "attacker_mean_debt_blocks"].astype(float).mean()),
                   ev_mean, control_hit=float(np.mean(ch)), attack_hit=float(np.mean(ah)),
-                  _a=(ch, ah, ct, at))
+                  attacker_block_s=_mean(a, seeds, "attacker_block_s"),
+                  p95_ttft=float(np.mean(at)), p95_queue=_mean(a, seeds, "p95_queue_s"),
+                  control_p95_queue=_mean(c, seeds, "p95_queue_s"), _a=(ch, ah, ct, at))
+
+
+def _mean(frame: pd.DataFrame, seeds: list, col: str) -> float:
+    """Mean of ``col`` over ``seeds`` (NaN for a store written before the column existed)."""
+    if col not in frame.columns:
+        return float("nan")
+    return float(frame.loc[seeds, col].astype(float).mean())
 
 
 # ------------------------------------------------------------------------------ search
 @dataclass
 class TrialRecord:
     """One trial: its policy, number, origin (``tpe``/``cmaes`` or ``warm start: NAME``), the
-    point (``fields``), and its paired result."""
+    point (``fields``), its paired result, and whether it kept the block-seconds budget as
+    measured (:func:`over_budget`)."""
 
     policy: str
     number: int
     source: str
     fields: dict
     result: Paired
+    feasible: bool = True
 
 
 @dataclass
@@ -353,6 +467,31 @@ class SearchResult:
     transfer: dict[str, dict[str, Paired]]
 
 
+def block_s_rate(p: Paired, r: Resolved) -> float:
+    """The attacker's measured KV block-seconds per second of the pressure window."""
+    return p.attacker_block_s / r.window_s
+
+
+ROUNDING = 1e-9
+"""Relative excess over the block-seconds limit that is floating-point rounding, not spending:
+the default limit is a mean of per-seed rates and a trial's rate a mean total over the window,
+so one_touch's own point can measure one ulp above the level it defines."""
+
+
+def over_budget(p: Paired, r: Resolved) -> float:
+    """By how much a run exceeded the block-seconds budget as measured: ``measured / limit -
+    1`` (<= :data:`ROUNDING`: kept it; -inf when block-seconds are not charged)."""
+    if "block_s" not in r.limits:
+        return -math.inf
+    v = block_s_rate(p, r)
+    return v / r.limits["block_s"] - 1.0 if math.isfinite(v) else math.inf
+
+
+def _constraint(trial) -> tuple[float]:
+    """optuna's constraint of a trial (<= 0: feasible), set before it is told."""
+    return (trial.user_attrs.get("over_budget", 0.0),)
+
+
 def _sampler(config: SearchConfig):
     import optuna
 
@@ -366,7 +505,10 @@ def _sampler(config: SearchConfig):
                                             warn_independent_sampling=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=config.sampler_seed, constant_liar=True)
+        # Trials over the block-seconds budget as measured are infeasible: TPE models them
+        # apart, so the search learns where the budget binds instead of discarding them.
+        kw = {"constraints_func": _constraint} if "block_s" in config.units else {}
+        return optuna.samplers.TPESampler(seed=config.sampler_seed, constant_liar=True, **kw)
 
 
 def _import_optuna():
@@ -461,15 +603,21 @@ def run_search(store: ResultsStore, config: SearchConfig, r: Resolved, executor,
             res = paired(cells_of(store, exp), control, pol)
             n = trial.number
             source = f"warm start: {warm[pol][n]}" if n < len(warm[pol]) else config.sampler
-            records[pol].append(TrialRecord(pol, n, source, fields, res))
-            if res.failed or not math.isfinite(res.value(config.objective)):
+            over = over_budget(res, r)
+            feasible = not over > ROUNDING
+            if feasible:
+                over = min(over, 0.0)
+            records[pol].append(TrialRecord(pol, n, source, fields, res, feasible))
+            if res.failed or not math.isfinite(res.value(config.objective)) or (
+                    not feasible and config.sampler == "cmaes"):   # CMA-ES has no constraints
                 studies[pol].tell(trial, state=optuna.trial.TrialState.FAIL)
             else:
+                trial.set_user_attr("over_budget", over if math.isfinite(over) else -1.0)
                 studies[pol].tell(trial, res.value(config.objective))
 
     worst: dict[str, TrialRecord | None] = {}
     for pol in config.policies:
-        ok = [t for t in records[pol] if not t.result.failed
+        ok = [t for t in records[pol] if not t.result.failed and t.feasible
               and math.isfinite(t.result.value(config.objective))]
         worst[pol] = max(ok, key=lambda t: (t.result.value(config.objective), -t.number)) \
             if ok else None
@@ -563,6 +711,12 @@ def worst_case_table(res: SearchResult) -> pd.DataFrame:
         other = "hit_ratio" if obj == "p95_ttft" else "p95_ttft"
         row[f"worst: {'P95 TTFT +' if other == 'p95_ttft' else 'hit loss'} "
             f"({loss_unit(other)})"] = fmt_loss(_metric(w, other)[:1] + (None, None), other)
+        row["victim P95 TTFT / P95 queue (s), held-out"] = (
+            f"{held.p95_ttft:.2f} / {held.p95_queue:.2f}" if held else "-")
+        row["victim P95 queue (s): control -> worst"] = (f"{w.control_p95_queue:.2f} -> "
+                                                         f"{w.p95_queue:.2f}")
+        row["attacker block-s/s (measured)"] = _block_s_text(w, res.resolved)
+        row["trials over budget"] = sum(not x.feasible for x in res.trials[pol])
         row["attacker pressure"] = f"{w.pressure:.2f}"
         row["attacker debt (blocks)"] = f"{w.debt:.0f}"
         for req, own in (("attacker", "victim"), ("attacker", "attacker"),
@@ -570,6 +724,15 @@ def worst_case_table(res: SearchResult) -> pd.DataFrame:
             row[f"evicted {req}->{own}"] = _evictions_cell(w.evictions, req, own)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _block_s_text(p: Paired, r: Resolved) -> str:
+    """The attacker's measured block-seconds per second, and the share of the budget."""
+    v = block_s_rate(p, r)
+    if v != v:
+        return "-"
+    lim = r.limits.get("block_s")
+    return f"{v:,.0f}" + (f" ({100 * v / lim:.0f}% of budget)" if lim else "")
 
 
 def worst_attacks_table(res: SearchResult) -> pd.DataFrame:
@@ -605,16 +768,21 @@ def transfer_table(res: SearchResult) -> pd.DataFrame:
 
 
 def trials_frame(res: SearchResult) -> pd.DataFrame:
-    """Every trial: policy, number, source, status, both losses (means), attacker pressure and
-    debt, and the point."""
+    """Every trial: policy, number, source, status, whether it kept the block-seconds budget as
+    measured, both losses (means), the victim's P95 TTFT and queueing delay (s), the attacker's
+    measured block-seconds per second, pressure and debt, and the point."""
     rows = []
     for pol in res.config.policies:
         for t in res.trials[pol]:
             r = t.result
             rows.append({"policy": pol, "trial": t.number, "source": t.source,
                          "status": "failed" if r.failed else "ok", "error": r.failed,
+                         "feasible": t.feasible,
                          "hit_ratio_loss": r.hit_loss[0], "p95_ttft_increase_s":
-                         r.ttft_increase[0], "attacker_pressure_ratio": r.pressure,
+                         r.ttft_increase[0], "victim_p95_ttft_s": r.p95_ttft,
+                         "victim_p95_queue_s": r.p95_queue,
+                         "attacker_block_s_per_s": block_s_rate(r, res.resolved),
+                         "attacker_pressure_ratio": r.pressure,
                          "attacker_mean_debt_blocks": r.debt,
                          **{d.name: t.fields[d.name] for d in SPACE}})
     return pd.DataFrame(rows)
@@ -649,21 +817,38 @@ def header_lines(res: SearchResult) -> list[str]:
     """What the search was: setup, budget, seeds, sampler, objective."""
     c, r = res.config, res.resolved
     base = ", ".join(f"{k}={v}" for k, v in sorted(c.base.items()))
-    default = c.budget_requests is None and c.budget_prompt_tokens is None
-    lim = " and ".join(f"{v:,.3f} requests/s" if k == "requests" else f"{v:,.1f} prompt tokens/s"
-                       for k, v in r.limits.items())
     return [
         f"setup: {base or 'defaults'}; victim base rate {r.base_rate:.3f} req/s = alpha x "
         f"C_prefill {r.c_prefill:.3f} req/s",
-        f"attacker budget: at most {lim}"
-        + (" (default: the one-touch flood rate)" if default else "")
-        + "; hand-written attacks send "
+        budget_line(c, r) + "; hand-written attacks send "
         + ", ".join(f"{w} {r.spend[w]:.3f} req/s" for w in FIXED_ATTACKS),
         f"search: {c.sampler} (seed {c.sampler_seed}), {c.trials} trials per policy in rounds of "
         f"{c.batch}, objective {c.objective}, search seeds 0-{c.seeds - 1}, held-out seeds "
         f"{c.seeds}-{c.seeds + c.eval_seeds - 1}"
         + (", warm start with the hand-written attacks" if c.warm_start else ""),
     ]
+
+
+BUDGET_TEXT = {"requests": ("{:,.3f} requests/s", "the one-touch flood rate"),
+               "prompt_tokens": ("{:,.1f} prompt tokens/s", "one_touch's"),
+               "tokens": ("{:,.1f} prompt + output tokens/s", "one_touch's"),
+               "block_s": ("{:,.1f} KV block-seconds/s", "one_touch's measured under LRU")}
+
+
+def budget_line(c: SearchConfig, r: Resolved) -> str:
+    """The budget in force, in words: every limit, whether it is a default, and how
+    block-seconds are charged."""
+    parts = []
+    for u, v in r.limits.items():
+        fmt, default = BUDGET_TEXT[u]
+        parts.append(fmt.format(v) + (f" ({default})" if getattr(c, f"budget_{u}") is None
+                                      else ""))
+    line = "attacker budget: at most " + " and ".join(parts)
+    if "block_s" in r.limits:
+        line += (f"; block-seconds charged before the run by the shape estimate x "
+                 f"{r.block_s_scale:.2f} (one_touch's measured / uncontended estimate), "
+                 "checked after it (a trial over the budget as measured is infeasible)")
+    return line
 
 
 def write_outputs(out: str | Path, res: SearchResult) -> list[Path]:
@@ -755,3 +940,67 @@ def write_figures(folder: Path, res: SearchResult) -> list[Path]:
         F.eviction_heatmaps(paths[-1], "evictions under each policy's worst attack "
                             "(mean blocks per run)", mats)
     return paths
+
+
+def config_of_store(store: ResultsStore) -> SearchConfig:
+    """The :class:`SearchConfig` a search store was written by (its ``meta["search"]``), with
+    ``trials`` the most trials stored for a policy. Raises SpecError for another kind."""
+    ident = store.meta.get("search")
+    if store.meta.get("kind") != "attack-search" or not ident:
+        raise SpecError(f"{store.root}: not an attack-search store")
+    names = [e.name for e in store.experiments if e.name.startswith("search.")]
+    per = {}
+    for n in names:
+        pol = n.rsplit(".t", 1)[0]
+        per[pol] = per.get(pol, 0) + 1
+    keep = {k: v for k, v in ident.items() if k not in ("space", "policies", "base")}
+    return SearchConfig(policies=tuple(ident["policies"]), trials=max(per.values(), default=1),
+                        base=dict(ident["base"]), **keep)
+
+
+def load_result(root: str | Path, executor=None) -> SearchResult:
+    """The result of the search stored in ``root`` (re-asked from its stored trials; a trial
+    or transfer run missing is computed on ``executor``, in-process when None)."""
+    from prefixshield.experiments.executors import make_executor
+
+    store = ResultsStore.open(root)
+    config = config_of_store(store)
+    r = resolve(config)
+    store = open_store(root, config, r)
+    ex = executor or make_executor("inprocess", None)
+    try:
+        return run_search(store, config, r, ex)
+    finally:
+        if executor is None:
+            ex.close()
+
+
+def worst_case_rows(label: str, res: SearchResult) -> list[dict]:
+    """Rows of the per-(scheduler, policy) worst-case table: the worst loss at the search
+    seeds and held out, the victim's P95 TTFT and P95 queueing delay held out (control ->
+    worst), and the attacker's measured block-seconds per second."""
+    obj = res.config.objective
+    u = loss_unit(obj)
+    rows = []
+    for pol in res.config.policies:
+        t = res.worst[pol]
+        held = res.transfer.get(pol, {}).get(pol) if t is not None else None
+        if t is None or held is None:
+            rows.append({"scheduler": label, "policy": pol, "trials": len(res.trials[pol]),
+                         f"worst loss ({u}) [95% CI]": "no feasible trial"})
+            continue
+        w = t.result
+        rows.append({
+            "scheduler": label, "policy": pol, "trials": len(res.trials[pol]),
+            f"worst loss ({u}) [95% CI]": fmt_loss(_metric(w, obj), obj),
+            f"held-out ({u}) [95% CI]": fmt_loss(_metric(held, obj), obj),
+            "victim hit ratio held-out: control -> worst":
+                f"{100 * held.control_hit:.1f}% -> {100 * held.attack_hit:.1f}%",
+            "victim P95 TTFT held-out (s): control -> worst":
+                f"{held.p95_ttft - held.ttft_increase[0]:.2f} -> {held.p95_ttft:.2f}",
+            "victim P95 queue held-out (s): control -> worst":
+                f"{held.control_p95_queue:.2f} -> {held.p95_queue:.2f}",
+            "attacker block-s/s (measured)": _block_s_text(w, res.resolved),
+            "found at trial": f"{t.number} ({t.source})",
+            "what it does": describe(t.fields)})
+    return rows

@@ -557,11 +557,88 @@ def overhead_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) ->
     return sec
 
 
+def schedulers_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) -> Section:
+    """What each scheduler costs benign traffic: ShareGPT and borrowing under fcfs (the benign
+    and borrowing tables' runs), vtc and the per-tenant cap, per policy: hit ratio, P95 TTFT and
+    P95 queueing delay (all measured requests), and the change from fcfs with the same policy
+    (mean over seeds; the traces are identical per seed)."""
+    from prefixshield.experiments.reproduce import SCHEDULER_SETTINGS
+
+    sec = Section("schedulers", "Schedulers on benign traffic (all measured requests)")
+    by_name = {e.name: e for e in exps}
+    rows, data = [], []
+    for w, fcfs_name in (("sharegpt", "benign-sharegpt"), ("borrowing", "borrowing")):
+        means = {}
+        for key, label, _ in SCHEDULER_SETTINGS:
+            name = fcfs_name if key == "fcfs" else f"sched-{key}-{w}"
+            if name not in by_name:
+                continue
+            ok = A.ok_cells(cells[cells["experiment"] == name])
+            means[key] = ok.groupby("policy")[["hit_ratio", "p95_ttft_s", "p95_queue_s"]].mean()
+            for pol in by_name[name].policies:
+                if pol not in means[key].index:
+                    rows.append({"workload": w, "scheduler": label, "policy": pol,
+                                 "hit ratio": "failed"})
+                    continue
+                m = means[key].loc[pol]
+                f = means["fcfs"].loc[pol] if "fcfs" in means and pol in means["fcfs"].index \
+                    else None
+                rows.append({
+                    "workload": w, "scheduler": label, "policy": pol,
+                    "hit ratio": A.fmt_pct(m["hit_ratio"]),
+                    "vs fcfs (pp)": "-" if f is None or key == "fcfs"
+                    else f"{100 * (m['hit_ratio'] - f['hit_ratio']):+.2f}",
+                    "P95 TTFT (s)": A.fmt_num(m["p95_ttft_s"]),
+                    "vs fcfs (s)": "-" if f is None or key == "fcfs"
+                    else f"{m['p95_ttft_s'] - f['p95_ttft_s']:+.3f}",
+                    "P95 queue (s)": A.fmt_num(m["p95_queue_s"])})
+                data.append({"workload": w, "scheduler": key, "policy": pol,
+                             **{c: float(m[c]) for c in m.index}})
+    sec.tables.append(Table("schedulers-benign", sec.title, pd.DataFrame(rows),
+                            pd.DataFrame(data), notes=[
+                                "queue: arrival to first admission. The cap: every tenant at "
+                                "most that many running requests (fcfs order otherwise)."]))
+    return sec
+
+
+def worst_cases_section(root: Path) -> Section | None:
+    """Each policy's worst case per scheduler, from the attack searches stored under
+    ``root/attack-search/<key>/`` (see :func:`~prefixshield.experiments.reproduce.
+    worst_case_searches`): worst loss, held out, the victim's P95 TTFT and queueing delay, and
+    per scheduler the transfer matrix (held-out seeds). None when no search is stored."""
+    from prefixshield.experiments import attack_search as AS
+    from prefixshield.experiments.reproduce import SCHEDULER_SETTINGS
+
+    sec = Section("worst-cases", "Worst cases per scheduler and policy (attack search)")
+    rows, budgets = [], []
+    for key, label, _ in SCHEDULER_SETTINGS:
+        folder = root / "attack-search" / key
+        if not (folder / "store.json").exists():
+            continue
+        res = AS.load_result(folder)
+        rows += AS.worst_case_rows(label, res)
+        budgets.append(f"{label}: {AS.budget_line(res.config, res.resolved)}")
+        tr = AS.transfer_table(res)
+        sec.tables.append(Table(f"worst-cases-transfer-{key}",
+                                f"Transfer under {label}: worst attack found against ROW, run "
+                                f"against COLUMN (held-out seeds, "
+                                f"{AS.loss_unit(res.config.objective)})", tr, tr))
+    if not rows:
+        return None
+    df = pd.DataFrame(rows)
+    sec.tables.insert(0, Table("worst-cases", sec.title, df, df, notes=[
+        "worst loss: the victim's paired hit-ratio loss under the worst feasible attack found "
+        "(search seeds; the maximum of many noisy trials is biased upwards), held-out: the same "
+        "attack on held-out seeds. Per-search tables and figures: attack-search/<scheduler>/.",
+        *budgets]))
+    return sec
+
+
 SECTION_BUILDERS = {
     "attack": attack_section, "benign": benign_section, "borrowing": borrowing_section,
     "sweeps": sweeps_section, "ablation-segmentation": segmentation_section,
     "ablation-delayed-replay": delayed_replay_section, "readings": readings_section,
-    "overhead": overhead_section,
+    "overhead": overhead_section, "schedulers": schedulers_section,
 }
 
 
@@ -580,6 +657,9 @@ def build_sections(store: ResultsStore, cells: pd.DataFrame | None = None) -> li
             exps = [by_name[n] for n in exp_names if n in by_name]
             if exps:
                 out.append(SECTION_BUILDERS[name](root, cells, exps))
+        worst = worst_cases_section(root)
+        if worst is not None:
+            out.insert(len(out) - 1 if out and out[-1].name == "overhead" else len(out), worst)
         return out
     return [experiment_section(root, cells, e) for e in store.experiments]
 

@@ -9,6 +9,8 @@ with wider CIs.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prefixshield.experiments.spec import Experiment
 
 ALL = ("lru", "s3fifo", "static_quota", "prefixshield")
@@ -25,6 +27,25 @@ READINGS = (
     ("prefixshield:charge_decode=false", "decode blocks not charged"),
 )
 """PrefixShield's readings of what its design leaves open: (policy spec, what it reads)."""
+TENANT_MAX_RUNNING = 8
+"""The per-tenant cap of the scheduler table: at most 8 running requests per tenant (a
+gateway-style concurrency limit; not from a reference: the table shows what it costs benign
+traffic)."""
+SCHEDULER_SETTINGS = (
+    ("fcfs", "fcfs", {}),
+    ("vtc", "vtc", {"scheduler": "vtc"}),
+    ("cap", f"fcfs, tenant_max_running={TENANT_MAX_RUNNING}",
+     {"tenant_max_running": TENANT_MAX_RUNNING}),
+)
+"""(key, label, sweep fields) of the schedulers the evaluation compares: vLLM's default, the
+Virtual Token Counter (its default weights) and FCFS with a per-tenant concurrency cap."""
+SCHEDULER_BENIGN = ("sharegpt", "borrowing")
+"""The benign workloads run under every scheduler (fcfs: the benign and borrowing tables')."""
+SEARCH_TRIALS, SEARCH_SEEDS = 200, 5
+"""The worst-case searches of the full evaluation: trials per policy, search (and held-out)
+seeds."""
+QUICK_SEARCH_TRIALS, QUICK_SEARCH_SEEDS = 3, 2
+"""``--quick``: the warm start only (the hand-written attacks mapped into the space), 2 seeds."""
 READING_CASES = (("one_touch", "lru", (512, 4096)), ("low_and_slow", "lru", (512,)),
                  ("sharegpt", "s3fifo", (512,)))
 """The readings table's cases: (workload, the baseline PrefixShield is compared with, blocks)."""
@@ -92,6 +113,9 @@ def reproduce_experiments(quick: bool = False, seeds: int | None = None,
                        f"{w}: PrefixShield's readings against {baseline}",
                        grid=[("blocks", blocks)] if len(blocks) > 1 else (),
                        base_extra={} if len(blocks) > 1 else {"blocks": blocks[0]}))
+    for key, _, fields in SCHEDULER_SETTINGS[1:]:
+        for w in SCHEDULER_BENIGN:
+            out.append(exp(f"sched-{key}-{w}", w, ALL, f"{w} under {key}", base_extra=fields))
     out.append(Experiment(name="overhead", workload="-", policies=ALL, seeds=(0,),
                           grid=(("blocks", (512, 4096)), ("groups", (8, 32))),
                           kind="overhead",
@@ -107,6 +131,27 @@ REPRODUCE_SECTIONS = {
     "ablation-segmentation": [f"ablation-segmentation-{w}" for w in (*ATTACKS, "sharegpt")],
     "ablation-delayed-replay": ["ablation-delayed-replay"],
     "readings": [f"readings-{w}" for w, _, _ in READING_CASES],
+    "schedulers": ["benign-sharegpt", "borrowing",
+                   *[f"sched-{k}-{w}" for k, _, _ in SCHEDULER_SETTINGS[1:]
+                     for w in SCHEDULER_BENIGN]],
     "overhead": ["overhead"],
 }
 """Report sections and the experiments each draws on."""
+
+
+def worst_case_searches(quick: bool = False, compat: str = "0.10",
+                        profile: str = "l4-qwen2.5-1.5b") -> list[tuple[str, str, Any]]:
+    """The attack searches of the worst-case table, one per scheduler setting:
+    ``(key, label, SearchConfig)``, every policy, the default budget (requests, prompt tokens
+    and KV block-seconds at one_touch's level), 512 blocks, alpha 0.6. Each runs into
+    ``OUT/attack-search/<key>/`` (its own resumable store)."""
+    from prefixshield.experiments.attack_search import SearchConfig
+
+    trials, seeds = ((QUICK_SEARCH_TRIALS, QUICK_SEARCH_SEEDS) if quick
+                     else (SEARCH_TRIALS, SEARCH_SEEDS))
+    out = []
+    for key, label, fields in SCHEDULER_SETTINGS:
+        base = {"blocks": 512, "compat": compat, "alpha": 0.6, "profile": profile, **fields}
+        out.append((key, label, SearchConfig(policies=ALL, trials=trials, seeds=seeds,
+                                             eval_seeds=seeds, base=base)))
+    return out

@@ -10,23 +10,29 @@ control. (The control is generated without the attacker rather than with its row
 even its request ids do not depend on the attack parameters.)
 
 **The budget.** The attacker may send, averaged over the pressure window (the whole measured
-phase by default), at most ``budget_requests`` requests per second and at most
-``budget_prompt_tokens`` prompt tokens per second (a replay costs its whole prompt, as an API
-that bills input tokens charges it); ``budget_limits`` says which of the two limits apply:
-``both`` (default), ``requests`` or ``prompt_tokens``. A limit left None is the one-touch
-one-touch flood rate, ``min(0.75 C_prefill, 1.15 base_rate)`` requests/s (reference setup),
-in prompt tokens with one_touch's mean prompt (``prefix_tokens`` + mean suffix): by default the
-attacker may send no more requests and no more prompt tokens per second than the reference's
-one-touch attacker. (With the prompt-token limit alone, many very short requests are allowed;
-with the request limit alone, every request may be as long as the space allows.)
+phase by default), at most: ``budget_requests`` requests per second, ``budget_prompt_tokens``
+prompt tokens per second (a replay costs its whole prompt, as an API that bills input tokens
+charges it), ``budget_tokens`` prompt plus output tokens per second, and ``budget_block_s`` KV
+block-seconds per second (blocks its requests' block tables hold, times how long they hold
+them). ``budget_limits`` says which apply: units joined by ``+`` (``requests``,
+``prompt_tokens``, ``tokens``, ``block_s``), or ``both`` (``requests+prompt_tokens``, the
+default here). A token limit left None is the one-touch flood rate
+``min(0.75 C_prefill, 1.15 base_rate)`` requests/s (reference setup) times one_touch's mean
+prompt (``prefix_tokens`` + mean suffix), plus its mean output for ``tokens``; a request limit
+left None is that rate. The block-seconds limit has no workload default: it is measured
+(``attack-search`` sets it to one_touch's measured attacker block-seconds per second).
 
-A point spends ``intensity`` of the budget: its mean rate is ``rate = intensity x min(limits
-in requests/s)``, where the token limit is ``budget_prompt_tokens / (attacker prompt tokens per
-request)``, and its number of requests is ``ceil(window x rate - 1e-9)``, the count of
-``one_touch``'s periodic schedule at that rate, whatever the burst shape; so every point keeps
-the budget (exactly in requests; in prompt tokens up to the random 32-64-token suffixes, which
-``meta`` reports as ``attacker_prompt_tokens_per_s``). Output tokens are not charged: they are
-bounded by ``attacker_output_tokens <= 1000``, the largest output in the Azure data.
+Block-seconds cannot be known before the engine runs (they depend on queueing and batching),
+so the generator charges an *estimate* per request, from the request's shape:
+``block_s_scale x (ceil(P / B) x t_prefill(P) + O x t_decode(P, O) x (P + O / 2) / B)``, with
+``P`` prompt and ``O`` output tokens, ``B`` the block size and, from the cost-model profile
+``block_s_profile``, ``t_prefill(P) = a + b P + e`` (the prefill step of the request alone) and
+``t_decode = a + c + d (P + O / 2)`` (one decode step of it alone): blocks held while it
+prefills, then its growing table over its decode steps, as if uncontended;
+``block_s_scale`` (1: uncontended) is the contention factor ``attack-search`` calibrates on
+one_touch (measured / estimated) so that one_touch's estimate is its measurement. The
+estimate is an expectation over the suffix and output distributions. ``attack-search``
+measures every trial's block-seconds after the run as well (see there).
 
 **How a point spends it** (per attacker request, in time order):
 
@@ -80,7 +86,22 @@ from prefixshield.workloads.base import (STREAM_ATTACKER, check, periodic_times,
 from prefixshield.workloads.one_touch import OneTouchParams
 from prefixshield.workloads.registry import register
 
-BUDGET_LIMITS = ("both", "requests", "prompt_tokens")
+BUDGET_UNITS = ("requests", "prompt_tokens", "tokens", "block_s")
+"""Units of the attacker's budget, each a limit per second (see the module doc)."""
+BUDGET_ALIASES = {"both": ("requests", "prompt_tokens")}
+"""Names of unit sets: ``both`` is the budget before block-seconds were charged."""
+
+
+def parse_budget_limits(text: str) -> tuple[str, ...]:
+    """``"requests+block_s"`` (or an alias) -> its units in :data:`BUDGET_UNITS` order.
+    Raises ValueError naming the bad text (unknown or repeated unit, empty)."""
+    if text in BUDGET_ALIASES:
+        return BUDGET_ALIASES[text]
+    units = [u.strip() for u in str(text).split("+")]
+    if not units or any(u not in BUDGET_UNITS for u in units) or len(set(units)) != len(units):
+        raise ValueError(f"budget_limits must be units joined by '+' (each at most once) from "
+                         f"{', '.join(BUDGET_UNITS)}, or both; got {text!r}")
+    return tuple(u for u in BUDGET_UNITS if u in units)
 MAX_OUTPUT_TOKENS = 1000
 """Largest output length in the Azure conversation trace (the packaged ``azure_conv`` data)."""
 
@@ -95,12 +116,18 @@ class SearchedAttackParams(AttackParams):
 
     Attributes:
         duration_s: one_touch's (its fitted attack window, 17 s).
-        budget_limits: which limits apply: ``both`` (default: a rate limiter of requests
-            and input tokens per minute, as API providers apply; not from the reference),
-            ``requests`` or ``prompt_tokens``.
+        budget_limits: which limits apply: units joined by ``+`` from :data:`BUDGET_UNITS`, or
+            ``both`` (default: ``requests+prompt_tokens``, a rate limiter of requests and
+            input tokens per minute, as API providers apply; not from the reference).
         budget_requests: the request limit, requests/s (None: the one-touch flood rate).
         budget_prompt_tokens: the prompt-token limit, tokens/s (None: the one-touch flood rate
             times one_touch's mean prompt, ``prefix_tokens`` + mean suffix).
+        budget_tokens: the prompt + output token limit, tokens/s (None: the one-touch flood
+            rate times one_touch's mean prompt plus its mean output).
+        budget_block_s: the KV block-seconds limit, block-seconds per second (required when
+            ``block_s`` applies; no default: it is measured).
+        block_s_profile: the cost-model profile of the block-seconds estimate (module doc).
+        block_s_scale: contention factor of that estimate (1: uncontended), > 0.
         intensity: fraction of the budget spent (the creation-rate knob: 1 floods at the
             budget, low values are low-and-slow); default 1 (one_touch spends its rate).
         attacker_prefix_tokens: tokens of each attacker prefix (None: ``prefix_tokens``, 1,536,
@@ -138,6 +165,10 @@ class SearchedAttackParams(AttackParams):
     budget_limits: str = "both"
     budget_requests: float | None = None
     budget_prompt_tokens: float | None = None
+    budget_tokens: float | None = None
+    budget_block_s: float | None = None
+    block_s_profile: str = "l4-qwen2.5-1.5b"
+    block_s_scale: float = 1.0
     intensity: float = 1.0
     attacker_prefix_tokens: int | None = None
     pool_size: int = 1
@@ -159,13 +190,19 @@ class SearchedAttackParams(AttackParams):
         check(self.pressure_ratio is None and self.attacker_rate is None,
               "searched_attack spends a fixed budget: set budget_requests / "
               "budget_prompt_tokens and intensity, not pressure_ratio or attacker_rate")
-        check(self.budget_limits in BUDGET_LIMITS,
-              f"budget_limits must be one of {', '.join(BUDGET_LIMITS)}, got "
-              f"{self.budget_limits!r}")
-        for name in ("budget_requests", "budget_prompt_tokens"):
+        try:
+            units = parse_budget_limits(self.budget_limits)
+        except ValueError as e:
+            check(False, str(e))
+        for name in ("budget_requests", "budget_prompt_tokens", "budget_tokens",
+                     "budget_block_s"):
             v = getattr(self, name)
             check(v is None or (v > 0 and math.isfinite(v)),
-                  f"{name} must be > 0 per second, got {v}")
+                  f"{name} must be a finite number > 0 per second, got {v}")
+        check("block_s" not in units or self.budget_block_s is not None,
+              "budget_limits charges block_s: set budget_block_s (block-seconds per second)")
+        check(self.block_s_scale > 0 and math.isfinite(self.block_s_scale),
+              f"block_s_scale must be a finite number > 0, got {self.block_s_scale}")
         check(0 < self.intensity <= 1, f"intensity must be in (0, 1], got {self.intensity}")
         check(self.attacker_prefix_tokens is None or self.attacker_prefix_tokens >= 1,
               f"attacker_prefix_tokens must be >= 1, got {self.attacker_prefix_tokens}")
@@ -204,22 +241,60 @@ class SearchedAttackParams(AttackParams):
         return (self.suffix_tokens[0] + self.suffix_tokens[1]) / 2
 
     def limits(self) -> dict[str, float]:
-        """The applied limits, ``{"requests": req/s, "prompt_tokens": tokens/s}`` (defaults
-        resolved to the one-touch flood rate)."""
-        out = {}
-        if self.budget_limits in ("both", "requests"):
-            out["requests"] = self.one_touch_rate if self.budget_requests is None \
-                else self.budget_requests
-        if self.budget_limits in ("both", "prompt_tokens"):
-            out["prompt_tokens"] = (
-                self.one_touch_rate * (self.prefix_tokens + self.mean_suffix_tokens)
-                if self.budget_prompt_tokens is None else self.budget_prompt_tokens)
-        return out
+        """The applied limits per second by unit (:data:`BUDGET_UNITS` order), defaults
+        resolved (see the module doc)."""
+        units = parse_budget_limits(self.budget_limits)
+        ot_prompt = self.prefix_tokens + self.mean_suffix_tokens
+        default = {"requests": self.one_touch_rate,
+                   "prompt_tokens": self.one_touch_rate * ot_prompt,
+                   "tokens": self.one_touch_rate * (ot_prompt + self._mean_output(None)),
+                   "block_s": None}
+        return {u: default[u] if getattr(self, f"budget_{u}") is None
+                else getattr(self, f"budget_{u}") for u in units}
+
+    def _output_support(self, fixed: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """(output lengths, probabilities): ``fixed`` tokens, or the data's distribution."""
+        from prefixshield.workloads.outputs import output_support
+
+        if fixed is not None:
+            return output_support(self.output_dist, (fixed, fixed), None)
+        return output_support(self.output_dist, self.output_tokens, self.max_output_tokens)
+
+    def _mean_output(self, fixed: int | None) -> float:
+        values, probs = self._output_support(fixed)
+        return float(values @ probs)
+
+    def request_costs(self) -> dict[str, float]:
+        """Mean budget one attacker request of this point costs, by unit: 1 request, its
+        prompt tokens, prompt + output tokens, and estimated block-seconds
+        (:meth:`estimated_block_s`)."""
+        prompt = self.attack_prefix_tokens + self.mean_suffix_tokens
+        return {"requests": 1.0, "prompt_tokens": prompt,
+                "tokens": prompt + self._mean_output(self.attacker_output_tokens),
+                "block_s": self.estimated_block_s(self.attack_prefix_tokens,
+                                                  self.attacker_output_tokens)}
+
+    def estimated_block_s(self, prefix_tokens: int, output_tokens: int | None) -> float:
+        """Expected KV block-seconds of one request with a ``prefix_tokens``-token prefix, this
+        workload's suffixes and ``output_tokens`` outputs (None: the data's), estimated from
+        its shape and the cost model ``block_s_profile`` times ``block_s_scale`` (module
+        doc). Block-seconds."""
+        from prefixshield.simulator.costmodel import load_profile
+
+        cm = load_profile(self.block_s_profile).cost
+        B = self.block_size
+        values, probs = self._output_support(output_tokens)
+        P = (prefix_tokens + np.arange(self.suffix_tokens[0], self.suffix_tokens[1] + 1,
+                                       dtype=float))[:, None]
+        O = values.astype(float)[None, :]
+        t_prefill = cm.a_s + cm.b_s_per_prefill_token * P + cm.e_s_per_new_request
+        t_decode = cm.a_s + cm.c_s_per_decode_seq + cm.d_s_per_context_token * (P + O / 2)
+        est = np.ceil(P / B) * t_prefill + O * t_decode * (P + O / 2) / B
+        return float(self.block_s_scale * np.mean(est @ probs))
 
     def budget_rate(self) -> float:
-        """The budget in requests/s for this attacker's requests: the tighter limit."""
-        return budget_request_rate(self.limits(),
-                                   self.attack_prefix_tokens + self.mean_suffix_tokens)
+        """The budget in requests/s for this attacker's requests: the tightest limit."""
+        return budget_request_rate(self.limits(), self.request_costs())
 
     def request_rate(self) -> float:
         """Mean attacker requests/s over the window: ``intensity x`` :meth:`budget_rate`."""
@@ -239,15 +314,10 @@ class SearchedAttackParams(AttackParams):
         return float(np.mean(total @ probs))
 
 
-def budget_request_rate(limits: dict[str, float], prompt_tokens_per_request: float) -> float:
-    """Requests/s the limits allow to requests of ``prompt_tokens_per_request`` tokens (mean):
-    the smaller of the request limit and the token limit over the request length."""
-    rates = []
-    if "requests" in limits:
-        rates.append(limits["requests"])
-    if "prompt_tokens" in limits:
-        rates.append(limits["prompt_tokens"] / prompt_tokens_per_request)
-    return min(rates)
+def budget_request_rate(limits: dict[str, float], costs: dict[str, float]) -> float:
+    """Requests/s the ``limits`` (per second, by unit) allow to requests costing ``costs`` each
+    (mean, by unit; ``requests`` is 1): the smallest ``limit / cost``."""
+    return min(v / (1.0 if u == "requests" else costs[u]) for u, v in limits.items())
 
 
 def on_intervals(w0: float, w1: float, cycle_s: float, duty: float,
@@ -370,7 +440,8 @@ def searched_attack(params: SearchedAttackParams | None = None) -> Trace:
 
     ``meta`` adds ``budget_limits`` (per second, by unit), ``attacker_requests``,
     ``attacker_admissions`` / ``attacker_reuses`` / ``attacker_replays`` (counts by kind),
-    ``attacker_prompt_tokens_per_s`` (sent, over the window), ``designed_pressure_ratio``
+    ``attacker_prompt_tokens_per_s`` and ``attacker_tokens_per_s`` (prompt + output; sent, over
+    the window), ``designed_pressure_ratio``
     (designed new blocks per second over the summed refill of the contracts used) and
     ``designed_final_debt_blocks``.
     """
@@ -421,6 +492,8 @@ def searched_attack(params: SearchedAttackParams | None = None) -> Trace:
         attacker_admissions=int(np.sum(kinds == 0)), attacker_reuses=int(np.sum(kinds == 1)),
         attacker_replays=int(np.sum(kinds == 2)),
         attacker_prompt_tokens_per_s=prompt_tokens / window if window > 0 else 0.0,
+        attacker_tokens_per_s=(prompt_tokens + int(np.sum(out))) / window if window > 0
+        else 0.0,
         designed_pressure_ratio=designed / window / rho_used if window > 0 else 0.0,
         designed_final_debt_blocks=float(plan["designed_debt"][-1]) if n else 0.0)
     return rows.finish(p.seed, p.vocab_size, meta)

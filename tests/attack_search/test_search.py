@@ -163,7 +163,7 @@ def test_a_store_of_another_search_is_refused_before_any_work(tmp_path):
 
 
 def test_cli_errors_name_what_is_wrong(tmp_path):
-    r = CliRunner().invoke(main, ["attack-search", "--budget", "tokens=5", "--out",
+    r = CliRunner().invoke(main, ["attack-search", "--budget", "bogus=5", "--out",
                                   str(tmp_path / "x")])
     assert r.exit_code != 0 and "--budget" in r.output
     r = CliRunner().invoke(main, ["attack-search", "--set", "intensity=0.5", "--out",

@@ -127,7 +127,7 @@ def test_params_name_what_is_wrong():
     with pytest.raises(ValueError, match="not pressure_ratio"):
         SearchedAttackParams(pressure_ratio=2.0)
     with pytest.raises(ValueError, match="budget_limits"):
-        SearchedAttackParams(budget_limits="tokens")
+        SearchedAttackParams(budget_limits="bogus")
     with pytest.raises(ValueError, match="attacker_alt_contract"):
         SearchedAttackParams(attacker_alt_contract="critical")
     with pytest.raises(ValueError, match="attacker_output_tokens"):

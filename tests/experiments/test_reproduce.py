@@ -19,7 +19,7 @@ from prefixshield.experiments.store import ResultsStore
 
 TABLES = ("attack", "benign", "borrowing", "sweep-capacity", "sweep-pressure", "sweep-load",
           "sweep-profile", "ablation-segmentation", "ablation-delayed-replay", "readings",
-          "overhead")
+          "overhead", "schedulers-benign", "worst-cases")
 
 
 @pytest.fixture(scope="module")
@@ -180,3 +180,38 @@ def test_measured_pressure_matches_the_designed_ratio(quick):
     for ratio in (0.5, 1.0, 2.0, 4.0):
         measured = t[(t["grid.pressure_ratio"] == ratio)]["attacker_pressure_ratio_mean"]
         assert np.allclose(measured, ratio, rtol=0.10), (ratio, list(measured))
+
+
+def test_worst_cases_per_scheduler_with_queueing_and_transfer(quick):
+    from prefixshield.experiments.reproduce import ALL, SCHEDULER_SETTINGS
+
+    w = table(quick, "worst-cases")
+    labels = [label for _, label, _ in SCHEDULER_SETTINGS]
+    assert list(w["scheduler"]) == [lab for lab in labels for _ in ALL]
+    assert list(w["policy"]) == list(ALL) * len(labels)
+    assert set(w["trials"]) == {3}
+    for col in ("victim P95 TTFT held-out (s): control -> worst",
+                "victim P95 queue held-out (s): control -> worst",
+                "attacker block-s/s (measured)"):
+        assert w[col].astype(str).str.contains(r"\d").all(), col
+    for key, _, _ in SCHEDULER_SETTINGS:
+        t = table(quick, f"worst-cases-transfer-{key}")
+        assert list(t.columns[1:]) == list(ALL)
+        assert (quick / "attack-search" / key / "attack_search.md").exists()
+    index = (quick / "index.md").read_text()
+    assert "KV block-seconds/s" in index   # the budget in force is stated
+
+
+def test_every_scheduler_is_run_on_the_benign_workloads(quick):
+    from prefixshield.experiments.reproduce import ALL, SCHEDULER_SETTINGS
+
+    t = table(quick, "schedulers-benign")
+    assert len(t) == 2 * len(SCHEDULER_SETTINGS) * len(ALL)
+    assert set(t["scheduler"]) == {k for k, _, _ in SCHEDULER_SETTINGS}
+    assert np.isfinite(t["p95_queue_s"]).all() and np.isfinite(t["hit_ratio"]).all()
+    # fcfs is the benign and borrowing tables' own runs
+    benign = table(quick, "benign")
+    fc = t[(t["scheduler"] == "fcfs") & (t["workload"] == "sharegpt")]
+    b = benign[benign["workload"] == "sharegpt"].set_index("policy")
+    for _, r in fc.iterrows():
+        assert r["hit_ratio"] == pytest.approx(b.loc[r["policy"], "hit_ratio_mean"])
