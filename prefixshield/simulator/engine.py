@@ -11,6 +11,15 @@ The scheduler follows vLLM v1's ``Scheduler.schedule``:
    budget and ``max_num_seqs`` allow. A waiting request that does not fit blocks all behind it
    (head-of-line blocking).
 
+That is vLLM's default scheduling (``EngineConfig.scheduler`` = FCFS without limits). Another
+scheduler (:mod:`prefixshield.scheduling`: ``priority``, ``vtc``) chooses the waiting order and
+the preemption victim, and per-tenant limits hold requests back; those runs take the
+step-by-step path, where ``Engine.scheduler`` is called.
+
+Every path records, per request, the first admission time, the prefix cached at arrival and
+the KV block-seconds its block table held, and per group the blocks held by running requests
+over time (:class:`RunResult` ``held_t`` / ``held``).
+
 A step lasts ``CostModel.step_time``; tokens count as computed at its end, and a request whose
 known tokens are all computed emits one output token then (the first one sets TTFT).
 
