@@ -1,8 +1,9 @@
 """The cost of a scheduler: simulated requests per wall second under ``fcfs`` (vLLM's default,
 the fused loop), ``fcfs`` with per-tenant limits, ``priority`` and ``vtc``.
 
-Schedulers other than plain FCFS, and any per-tenant limit, run on the step-by-step path (the
-scheduler orders, admits and preempts there; see :mod:`prefixshield.scheduling`). The anchor of
+Schedulers other than plain FCFS, and any per-tenant limit, run on the per-step batched path
+(the scheduler orders, admits and preempts there; see :mod:`prefixshield.scheduling`); the
+fused loop compiles vLLM's FCFS only. The anchor of
 every row is the default engine (FCFS, fused loop) on the same trace in the same run;
 ``slowdown`` is its wall time over the anchor's. LRU; traces built once, not timed; JIT warm-up
 runs first; interleaved, best of ``repeats``.
@@ -75,5 +76,5 @@ def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
                              "wall_s": best["sched"], "anchor_wall_s": best["anchor"]})
     res.notes.append(f"anchor: the default engine (fcfs, fused loop) on the same trace, "
                      f"interleaved, best of {repeats}; every other scheduler, and fcfs with any "
-                     f"per-tenant limit, runs the step-by-step path.")
+                     f"per-tenant limit, runs the per-step batched path.")
     return res

@@ -1,4 +1,4 @@
-"""The scheduler interface the engine's step-by-step path drives.
+"""The scheduler interface the engine's step-by-step and per-step batched paths drive.
 
 A scheduler owns the waiting queue (arrival, requeue after preemption, which request to try
 next), picks the preemption victim when a running request's blocks do not fit, and keeps its
@@ -38,10 +38,13 @@ class Scheduler(ABC):
             request that did not fit may be replaced by another as the queue's choice after a
             quiet decode step, so the engine jumps over quiet decode steps only when nothing
             waits or ``max_num_seqs`` requests run.
+        counts_outputs: whether :meth:`on_output` does anything (the batched path counts
+            the emitted tokens per group only for a scheduler that reads them).
     """
 
     name: ClassVar[str] = ""
     order_fixed: ClassVar[bool] = True
+    counts_outputs: ClassVar[bool] = False
 
     def __init__(self, config: SchedulerConfig, groups: list[str], arrival_s: np.ndarray,
                  group_id: np.ndarray) -> None:

@@ -38,6 +38,7 @@ class VTCScheduler(Scheduler):
 
     name = "vtc"
     order_fixed = False
+    counts_outputs = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

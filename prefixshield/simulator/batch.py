@@ -66,9 +66,25 @@ def plan_running(state, run_ids, num_running, budget, block_size, num_new, needs
         requests considered, flagged ones among them, the token budget left after the ``m``
         requests, and their :func:`step_load`.
     """
+    m, num_flagged, budget = plan_running_from(state, run_ids, 0, num_running, budget,
+                                               block_size, num_new, needs_pool)
+    prefill, decode, context = step_load(state, run_ids, 0, m, num_new)
+    return m, num_flagged, budget, prefill, decode, context
+
+
+@njit(cache=True)
+def plan_running_from(state, run_ids, start, num_running, budget, block_size, num_new,
+                      needs_pool):
+    """:func:`plan_running` over positions ``start .. num_running-1`` with ``budget`` tokens
+    left (a scheduler that preempted a request other than the newest plans the rest again).
+
+    Returns:
+        ``(m, num_flagged, budget_left)``: one past the last position considered (``start``
+        if none), flagged requests among them (rows of ``needs_pool`` from 0), budget left.
+    """
     num_flagged = 0
-    m = 0
-    for i in range(num_running):
+    m = start
+    for i in range(start, num_running):
         if budget <= 0:
             break
         r = run_ids[i]
@@ -88,8 +104,7 @@ def plan_running(state, run_ids, num_running, budget, block_size, num_new, needs
             state[r, NUM_BLOCKS] = max(state[r, NUM_BLOCKS], required)
             state[r, NUM_CACHED] = max(state[r, NUM_CACHED], full)
         m = i + 1
-    prefill, decode, context = step_load(state, run_ids, 0, m, num_new)
-    return m, num_flagged, budget, prefill, decode, context
+    return m, num_flagged, budget
 
 
 @njit(cache=True)

@@ -13,8 +13,8 @@ The scheduler follows vLLM v1's ``Scheduler.schedule``:
 
 That is vLLM's default scheduling (``EngineConfig.scheduler`` = FCFS without limits). Another
 scheduler (:mod:`prefixshield.scheduling`: ``priority``, ``vtc``) chooses the waiting order and
-the preemption victim, and per-tenant limits hold requests back; those runs take the
-step-by-step path, where ``Engine.scheduler`` is called.
+the preemption victim, and per-tenant limits hold requests back; those runs take the per-step
+batched path (or the step-by-step one), where ``Engine.scheduler`` is called.
 
 Every path records, per request, the first admission time, the prefix cached at arrival and
 the KV block-seconds its block table held, and per group the blocks held by running requests
@@ -260,11 +260,9 @@ class Engine:
         self.output_tokens = capped_outputs(self.scheduler.limits, self.group_id,
                                             self.output_tokens)
         # Schedulers other than vLLM's default FCFS without limits order, preempt and admit
-        # through self.scheduler, which only the step-by-step path calls.
+        # through self.scheduler (the step-by-step and per-step batched paths; not the fused
+        # loop, which is vLLM's FCFS compiled).
         self.scheduled_by_policy = not config.scheduler.is_default
-        if self.scheduled_by_policy:
-            batched = False
-            self.batched = False
         # Row access through pandas costs tens of microseconds; the arrival path reads these.
         self._segment_ids = df["segment_ids"].tolist()
         self._segment_lengths = df["segment_lengths"].tolist()
@@ -358,17 +356,18 @@ class Engine:
             if delay > 0:
                 yield env.timeout(delay)
             # the prefix cached at arrival (what a request would hit if admitted at once)
-            if self.batched:
+            if self.batched and not self.scheduled_by_policy:
                 hashes = self._arrival_chunks.hashes(i)
                 max_blocks = (int(self.prompt_tokens[i]) - 1) // B
                 self.arrival_cached_tokens[i] = (
                     self.pool.find_cached_prefix(hashes, max_blocks).shape[0] * B)
                 self.waiting.append(i)
             else:
-                # the step-by-step path builds a request on arrival (the scheduler orders
+                # with the scheduler's queue a request is built on arrival (the scheduler orders
                 # requests by what they are) and keeps its block hashes, not its token ids
                 # (16x smaller with 16-token blocks): nothing reads them once hashed
-                seq = self._make_sequence(i)
+                seq = (self._make_sequence_batched(i) if self.batched
+                       else self._make_sequence(i))
                 seq.token_ids = _NO_TOKENS
                 hits, num_hit_tokens = self.kv.get_computed_blocks(seq)
                 self.arrival_cached_tokens[i] = num_hit_tokens
@@ -377,18 +376,24 @@ class Engine:
             if self._wakeup is not None and not self._wakeup.triggered:
                 self._wakeup.succeed()
 
+    @property
+    def _scheduler_queue(self) -> bool:
+        """Whether the waiting requests are in the scheduler's queue (the step-by-step path,
+        and any path under a scheduler other than plain FCFS) rather than :attr:`waiting`."""
+        return self.scheduled_by_policy or not self.batched
+
     def _has_waiting(self) -> bool:
-        """Whether any request waits (the batched path's deque, else the scheduler's queue)."""
-        return bool(self.waiting) if self.batched else bool(self.scheduler)
+        """Whether any request waits."""
+        return bool(self.scheduler) if self._scheduler_queue else bool(self.waiting)
 
     def _waiting_head(self) -> Sequence:
         """The head of the waiting queue, built into a :class:`Sequence` on its first visit
-        (batched path) -- or the scheduler's next request (step-by-step path).
+        (batched path under FCFS) -- or the scheduler's next request (:attr:`_scheduler_queue`).
 
         Heads are built in arrival order (FCFS; a preempted request returns to the head already
         built), so the batched path's chunks of token ids are built in the same order as if every
         request were built on arrival: the same tokens, the same hashes, the same results."""
-        if not self.batched:
+        if self._scheduler_queue:
             return self.scheduler.peek()
         head = self.waiting[0]
         if isinstance(head, int):
@@ -694,15 +699,23 @@ class Engine:
         self.num_events += 1
         state, run_ids, num_new = self._state, self._run_ids, self._num_new
         running = self.running
-        m, num_flagged, budget, prefill_tokens, decode_seqs, context = bk.plan_running(
-            state, run_ids, len(running), cfg.max_num_batched_tokens, cfg.block_size, num_new,
-            self._needs_pool)
+        sched = self.scheduler
+        by_policy = self.scheduled_by_policy
+        if by_policy:
+            m, budget, touched, preempted = self._running_phase_scheduled(now)
+            prefill_tokens, decode_seqs, context = bk.step_load(state, run_ids, 0, m, num_new)
+            num_flagged = 0
+        else:
+            m, num_flagged, budget, prefill_tokens, decode_seqs, context = bk.plan_running(
+                state, run_ids, len(running), cfg.max_num_batched_tokens, cfg.block_size,
+                num_new, self._needs_pool)
         # Requests that need no block and fill none: allocate_slots would be a no-op for them
         # (zero blocks asked, so it cannot fail), so only the flagged ones, in order, reach the
         # cache manager. A preemption pops from the end of the batch, so the scheduled requests
         # stay a prefix of it: the first min(m, len(running)).
-        touched = num_flagged > 0
-        preempted = False
+        if not by_policy:
+            touched = num_flagged > 0
+            preempted = False
         for i, computed, output_done in self._needs_pool[:num_flagged].tolist():
             if i >= len(running):
                 break  # preempted by an earlier request's allocation
@@ -726,9 +739,15 @@ class Engine:
         admitted = 0
         first_admissions = 0
         head_blocked = False
+        held_back = False
         if not preempted:
-            while self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
-                seq = self._waiting_head()
+            eligible = self._eligible() if by_policy else None
+            queue = sched if by_policy else self.waiting
+            while queue and budget > 0 and len(running) < cfg.max_num_seqs:
+                seq = sched.peek(eligible) if by_policy else self._waiting_head()
+                if seq is None:
+                    held_back = True  # every waiting request is held back by its group's limit
+                    break
                 hits, num_hit_tokens = kv.get_computed_blocks(seq)
                 k = min(seq.num_tokens - num_hit_tokens, budget)
                 reserve = seq.num_tokens if cfg.reserves_full_prompt else 0
@@ -736,7 +755,12 @@ class Engine:
                     head_blocked = True
                     break
                 touched = True
-                self.waiting.popleft()
+                if by_policy:
+                    sched.pop(seq)
+                    if eligible is not None:
+                        eligible.admitted(seq)
+                else:
+                    self.waiting.popleft()
                 pos = len(running)
                 running.append(seq)
                 r = seq.request_id
@@ -747,10 +771,13 @@ class Engine:
                 row[bk.OUTPUT_DONE] = seq.num_output_done
                 row[bk.PROMPT] = seq.num_prompt_tokens
                 self._store_blocks(seq)
-                if self.cached_tokens[r] < 0:
+                first = self.cached_tokens[r] < 0
+                if first:
                     self.cached_tokens[r] = num_hit_tokens
                     self.admitted_s[r] = now
                     first_admissions += 1
+                if by_policy:
+                    sched.on_admit(seq, first, now)
                 budget -= k
                 admitted += 1
         num_scheduled = m + admitted  # admissions append right after the scheduled prefix
@@ -772,10 +799,16 @@ class Engine:
         yield env.timeout(dt)
         self.num_steps += 1
         now = env.now
+        counts_outputs = by_policy and sched.counts_outputs
+        if counts_outputs:
+            rows = run_ids[:num_scheduled].copy()
+            out_before = state[rows, bk.OUTPUT_DONE]
         num_finished, decoding = bk.advance_scheduled(state, run_ids, len(running),
                                                       num_scheduled, num_new, now,
                                                       self.first_token_s, self.finish_s,
                                                       self._finished)
+        if counts_outputs:
+            self._charge_outputs(rows, state[rows, bk.OUTPUT_DONE] - out_before)
         if num_finished:
             touched = True
             positions = self._finished[:num_finished].tolist()
@@ -798,8 +831,104 @@ class Engine:
             self._check_batch()
         if preempted or admitted or num_finished:
             return False
-        waiting_stuck = (not self.waiting) or head_blocked or len(running) >= cfg.max_num_seqs
+        if by_policy:  # as in _step
+            waiting_stuck = ((not sched) or (head_blocked and sched.order_fixed) or held_back
+                             or len(running) >= cfg.max_num_seqs)
+        else:
+            waiting_stuck = (not self.waiting) or head_blocked or len(running) >= cfg.max_num_seqs
         return waiting_stuck and decoding
+
+    def _charge_outputs(self, rows: np.ndarray, tokens: np.ndarray) -> None:
+        """Tell the scheduler the output tokens ``tokens[i]`` of requests ``rows[i]`` emitted,
+        summed per group (its counters add integers: the order does not matter)."""
+        per_group = np.bincount(self.group_id[rows], weights=tokens,
+                                minlength=len(self.groups)).astype(np.int64)
+        for g in np.flatnonzero(per_group).tolist():
+            self.scheduler.on_output(g, int(per_group[g]))
+
+    def _preempt_batched(self, now: float) -> tuple[Sequence, int]:
+        """:meth:`_preempt` on the batch: the scheduler's victim leaves the running list, the
+        running order (``run_ids``) and the step's tokens (``num_new``) at its position."""
+        j = self.scheduler.victim(self.running)
+        victim = self.running[j]
+        self._sync_sequence(victim)  # it waits with its output count (vLLM keeps it)
+        n = len(self.running)
+        del self.running[j]
+        self._run_ids[j:n - 1] = self._run_ids[j + 1:n]
+        self._num_new[j:n - 1] = self._num_new[j + 1:n]
+        self.kv.free(victim, now)
+        self.num_preemptions[victim.request_id] += 1
+        self.scheduler.requeue(victim)
+        return victim, j
+
+    def _running_phase_scheduled(self, now: float) -> tuple[int, int, bool, bool]:
+        """The running requests' part of a batched step under a scheduler whose preemption
+        victim may be any running request (:meth:`_step`'s loop, over the batch).
+
+        The step is planned as :func:`batch.plan_running` plans it. When a preemption takes a
+        request other than the newest, the plan for the requests after the current one is
+        stale (a victim scheduled earlier gives its tokens back; one later no longer asks for
+        any): their block counters are put back from their sequences and they are planned
+        again with the budget left. When the current request is its own victim, the requests
+        after it are not scheduled in this step (vLLM stops its loop there).
+
+        Returns:
+            ``(m, budget_left, touched, preempted)``: the scheduled requests are
+            ``run_ids[:m]``.
+        """
+        cfg, kv = self.config, self.kv
+        state, run_ids, num_new = self._state, self._run_ids, self._num_new
+        running = self.running
+        max_tokens = cfg.max_num_batched_tokens
+        start, budget = 0, max_tokens
+        touched = preempted = False
+        while True:
+            m, num_flagged, budget = bk.plan_running_from(
+                state, run_ids, start, len(running), budget, cfg.block_size, num_new,
+                self._needs_pool)
+            touched = touched or num_flagged > 0
+            # (request id, position, computed, output done): positions hold until a preemption
+            # takes a request other than the newest, and then the rest is planned again
+            plan = [(int(run_ids[p]), p, c, o) for p, c, o in
+                    self._needs_pool[:num_flagged].tolist()]
+            replan = None
+            for idx, (_, pos, computed, output_done) in enumerate(plan):
+                if pos >= len(running):
+                    break  # preempted (as the newest) by an earlier request's allocation
+                seq = running[pos]
+                seq.num_computed_tokens = computed
+                seq.num_output_done = output_done
+                k = int(num_new[pos])
+                moved = False
+                while not kv.allocate_slots(seq, k, now):
+                    preempted = True
+                    victim, j = self._preempt_batched(now)
+                    if victim is seq:
+                        # vLLM's loop ends here: the requests after it are not scheduled
+                        self._unplan(plan[idx + 1:])
+                        return j, max_tokens - int(num_new[:j].sum()), touched, preempted
+                    moved = moved or j != len(running)  # not the newest: the plan moved
+                if moved:
+                    self._unplan(plan[idx + 1:])
+                    replan = running.index(seq) + 1
+                    break
+            if replan is None:
+                m = min(m, len(running))
+                return m, max_tokens - int(num_new[:m].sum()), touched, preempted
+            start = replan
+            budget = max_tokens - int(num_new[:start].sum())
+
+    def _unplan(self, plan: list) -> None:
+        """Give the requests of ``plan`` rows not yet handed to the cache manager their
+        sequences' block counters back (the plan set them ahead of the call). Requests
+        preempted since are skipped: their rows are rewritten when they are admitted again."""
+        if not plan:
+            return
+        by_id = {s.request_id: s for s in self.running}
+        for r, _, _, _ in plan:
+            seq = by_id.get(r)
+            if seq is not None:
+                self._store_blocks(seq)
 
     def _check_batch(self) -> None:
         """Raise ``AssertionError`` unless the batch mirrors the running sequences: same order,
@@ -829,12 +958,26 @@ class Engine:
         per_step = cm.a_s + cm.c_s_per_decode_seq * nseq + cm.d_s_per_context_token * ctx0
         bounded = self._next_arrival < len(self.arrival_s)
         wait = self.arrival_s[self._next_arrival] - self.env.now if bounded else 0.0
-        k, seconds = bk.coalesced_time(per_step, cm.d_s_per_context_token * nseq, int(k),
-                                       float(wait), bounded)
+        sched = self.scheduler
+        if bounded and self.scheduled_by_policy and not sched.order_fixed:
+            # as in _coalesced_decode: end before the step the next arrival falls in
+            k, seconds = bk.coalesced_time(per_step, cm.d_s_per_context_token * nseq, int(k),
+                                           float(wait), bounded)
+            k2 = k - 1 if seconds >= wait else k
+            if k2 <= 0:
+                return
+            k, seconds = bk.coalesced_time(per_step, cm.d_s_per_context_token * nseq, k2,
+                                           0.0, False)
+        else:
+            k, seconds = bk.coalesced_time(per_step, cm.d_s_per_context_token * nseq, int(k),
+                                           float(wait), bounded)
         self.num_events += 1
         yield self.env.timeout(seconds)
         self.num_steps += k
         bk.advance_decode(self._state, self._run_ids, nseq, k)
+        if self.scheduled_by_policy and sched.counts_outputs:
+            rows = self._run_ids[:nseq]
+            self._charge_outputs(rows, np.full(nseq, k, dtype=np.int64))
 
     def _record_occupancy(self, now: float) -> None:
         occ = self.pool.occupancy
@@ -914,8 +1057,9 @@ class Engine:
         :attr:`FUSED_POLICIES` (the kernel drives their state through their own event kernels;
         a subclass may change an event), the cost model is
         exactly :class:`CostModel` (the kernel
-        evaluates its formula), and the trace's hashes fit :attr:`FUSED_MAX_HASHES`."""
-        return (self.batched and self.fused
+        evaluates its formula), the trace's hashes fit :attr:`FUSED_MAX_HASHES`, and the
+        scheduler is vLLM's default (FCFS without per-tenant limits: the loop compiles it)."""
+        return (self.batched and self.fused and not self.scheduled_by_policy
                 and self._fused_policy() is not None
                 and type(self.cost) is CostModel
                 and int((self._total_tokens // self.config.block_size).sum())

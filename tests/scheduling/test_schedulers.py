@@ -234,3 +234,57 @@ def test_vtc_counters_do_not_depend_on_decode_jumps(alpha):
     assert np.array_equal(sa.input_tokens, sb.input_tokens)
     assert np.array_equal(sa.output_tokens, sb.output_tokens)
     np.testing.assert_allclose(sa.lift, sb.lift, rtol=0, atol=1e-9)
+
+
+def schedulers(groups: list[str]) -> dict[str, SchedulerConfig]:
+    """The schedulers the batched path is held to, over a trace's groups (the first two play
+    the roles one_touch names attacker and victim)."""
+    a, b = (groups[1], groups[0]) if "attacker" not in groups else ("attacker", "victim")
+    return {
+        "vtc": SchedulerConfig("vtc"),
+        "priority": SchedulerConfig("priority", priorities=((a, 1),)),
+        "priority-rev": SchedulerConfig("priority", priorities=((b, 1),)),
+        "limits": SchedulerConfig("fcfs", limits=((a, TenantLimits(max_running=2)),
+                                                 ("*", TenantLimits(max_blocks=400)))),
+        "vtc-limits": SchedulerConfig("vtc", limits=(("*", TenantLimits(max_running=3)),)),
+    }
+
+
+SCHEDULER_NAMES = ["vtc", "priority", "priority-rev", "limits", "vtc-limits"]
+
+
+def same_runs(a, b) -> None:
+    assert a.records.equals(b.records)
+    assert np.array_equal(a.occupancy_t, b.occupancy_t)
+    assert np.array_equal(a.occupancy, b.occupancy)
+    assert np.array_equal(a.held_t, b.held_t) and np.array_equal(a.held, b.held)
+    assert np.array_equal(a.evictions, b.evictions)
+    assert a.num_steps == b.num_steps
+
+
+@pytest.mark.parametrize("name", SCHEDULER_NAMES)
+@pytest.mark.parametrize("policy", ["lru", "prefixshield"])
+@pytest.mark.parametrize("workload, blocks, overrides", [
+    ("one_touch", 512, {}),
+    ("sharegpt", 128, {"duration_s": 30.0}),  # preemptions
+    ("sharegpt", 512, {"duration_s": 30.0}),
+])
+def test_the_batched_step_equals_the_step_by_step_path_under_every_scheduler(
+        name, policy, workload, blocks, overrides):
+    """Bit for bit: records, occupancy, blocks held, evictions, steps -- with jumps and
+    without, and with preemptions of any running request."""
+    trace = trace_of(workload, **overrides)
+    sched = schedulers(trace.group_names())[name]
+    for coalesce in (True, False):
+        step = run(trace, sched, policy=policy, blocks=blocks, batched=False,
+                   coalesce_decode=coalesce)
+        batched = run(trace, sched, policy=policy, blocks=blocks, coalesce_decode=coalesce)
+        same_runs(batched, step)
+
+
+def test_the_preemption_case_preempts():
+    """The small pool of the equality test above does make requests preempt."""
+    trace = trace_of("sharegpt", duration_s=30.0)
+    for sched in schedulers(trace.group_names()).values():
+        rec = run(trace, sched, blocks=128).records
+        assert rec["preemptions"].sum() > 0
