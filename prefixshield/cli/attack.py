@@ -192,6 +192,9 @@ def attack_search(policies, budget_items, scheduler, tenant_limits, trials, seed
                              objective=objective, **budget,
                              sampler=sampler, sampler_seed=sampler_seed, batch=batch,
                              warm_start=warm_start, base=base)
+    from prefixshield.experiments.cells import check_policy_specs
+
+    check_policy_specs(config.policies, base)  # before the store, not once per trial
     AS._import_optuna()
     with console.status("measuring the load and the budget..."):
         resolved = AS.resolve(config)

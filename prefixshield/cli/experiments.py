@@ -218,6 +218,10 @@ def sweep(workload, policies, grid, fixed, spec_file, seeds, name, records, out_
                                       records=records)]
         except SpecError as e:
             raise click.UsageError(str(e)) from None
+    from prefixshield.experiments.cells import check_experiments
+
+    with console.status("checking every point's settings..."):
+        check_experiments(experiments)  # before the store: a corrected command may reuse --out
     store = ResultsStore.create(out_dir, experiments, kind="sweep",
                                 extra={"command": _command_line()})
     _run_with_progress(store, executor, workers, address, "sweep")

@@ -101,19 +101,25 @@ def resolve_policy(label: str, settings: Mapping[str, Any]) -> str:
 def run_spec(workload: str, settings: Mapping[str, Any], seed: int, policy_specs: tuple[str, ...]):
     """The :class:`~prefixshield.experiments.single.RunSpec` of a point's settings and a seed."""
     from prefixshield.experiments.single import RunSpec
-    from prefixshield.simulator.config import EngineConfig
     from prefixshield.simulator.costmodel import load_profile
 
-    engine_kw = {ENGINE_KEYS[k]: v for k, v in settings.items() if k in ENGINE_KEYS}
-    engine_kw["scheduler"] = scheduler_of(settings)
     overrides = {k: v for k, v in settings.items()
                  if k not in ENGINE_KEYS and k not in RUN_KEYS and k not in SCHEDULER_KEYS
                  and "." not in k}
-    return RunSpec(workload=workload, policies=policy_specs, engine=EngineConfig(**engine_kw),
+    return RunSpec(workload=workload, policies=policy_specs, engine=engine_config(settings),
                    profile=load_profile(settings.get("profile", "l4-qwen2.5-1.5b")),
                    alpha=float(settings.get("alpha", 0.6)), seed=seed, overrides=overrides,
                    contracts=resolve_contracts(settings),
                    c_prefill_basis=settings.get("c_prefill_basis", "reference"))
+
+
+def engine_config(settings: Mapping[str, Any]):
+    """The :class:`~prefixshield.simulator.config.EngineConfig` of a point's engine and
+    scheduler fields."""
+    from prefixshield.simulator.config import EngineConfig
+
+    engine_kw = {ENGINE_KEYS[k]: v for k, v in settings.items() if k in ENGINE_KEYS}
+    return EngineConfig(**engine_kw, scheduler=scheduler_of(settings))
 
 
 def trace_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -162,6 +168,74 @@ def _resolved_run(kind: str, workload: str, settings: Mapping[str, Any]) -> dict
              "contracts": {k: dataclasses.asdict(c) for k, c in spec.contract_table.items()}}
     _RESOLVED[memo] = d
     return d
+
+
+def check_experiments(experiments: list[Experiment]) -> None:
+    """Raise :class:`~prefixshield.experiments.spec.SpecError` (one line naming the experiment
+    and the point) unless every cell of ``experiments`` can be set up.
+
+    Typing a field checks it alone; this checks each point's settings together, as a task
+    would resolve them: the engine (with its scheduler), profile and contracts, the workload's
+    params, the trace of the first seed (generators refuse some combinations of valid fields;
+    the scheduler's limits are checked against the trace's groups and requests) and one
+    instance of every resolved policy spec. Called before a store is created: an error found
+    only once cells ran would leave a store whose spec the corrected command may not reuse.
+    Later seeds can still fail alone (a policy that cannot serve that trace): a failed cell.
+    """
+    from prefixshield.experiments.spec import SpecError
+
+    policies_seen: set[tuple] = set()
+    traces_seen: set[str] = set()
+    for exp in experiments:
+        if exp.kind != "simulate":
+            continue
+        for point in exp.points():
+            where = f"experiment {exp.name}" + (f", point {point.label()}" if exp.grid else "")
+            try:
+                _check_point(exp, point.settings, traces_seen, policies_seen)
+            except (ValueError, TypeError, KeyError) as e:
+                msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+                raise SpecError(f"{where}: {msg}") from None
+
+
+def _check_point(exp: Experiment, settings: Mapping[str, Any], traces_seen: set[str],
+                 policies_seen: set[tuple]) -> None:
+    """:func:`check_experiments` for one point (raises what the run would raise)."""
+    from prefixshield.experiments.single import build_trace
+    from prefixshield.simulator.engine import EngineError
+
+    spec = run_spec(exp.workload, trace_settings(settings), exp.seeds[0], ("lru",))
+    memo = json.dumps([exp.workload, exp.seeds[0],
+                       {k: jsonable(v) for k, v in sorted(trace_settings(settings).items())}],
+                      sort_keys=True, default=str)
+    if memo not in traces_seen:  # one trace per distinct run, not per policy or grid field
+        try:
+            build_trace(spec)  # the workload's params, the generator, the scheduler's limits
+        except EngineError as e:
+            raise ValueError(str(e)) from None
+        traces_seen.add(memo)
+    check_policy_specs(exp.policies, settings, policies_seen)
+
+
+def check_policy_specs(labels, settings: Mapping[str, Any],
+                       seen: set[tuple] | None = None) -> None:
+    """Build one instance of each policy of ``labels`` as a point with ``settings`` resolves it
+    (its ``POLICY.PARAM`` fields applied, at the point's pool and compat mode): a constructor's
+    own bounds (``rho_scale > 0``) raise ``ValueError`` here, not in every cell. ``seen`` skips
+    what was built before."""
+    from prefixshield.experiments.overrides import parse_policy_spec
+    from prefixshield.policies import make_policy
+
+    engine = engine_config(settings)
+    seen = set() if seen is None else seen
+    for label in labels:
+        pspec = resolve_policy(label, settings)
+        key = (pspec, engine.num_blocks, engine.vllm_compat)
+        if key in seen:
+            continue
+        name, kwargs = parse_policy_spec(pspec)
+        make_policy(name, engine.num_blocks, vllm_compat=engine.vllm_compat, **kwargs)
+        seen.add(key)
 
 
 def plan_tasks(experiments: list[Experiment], done: set[tuple]) -> tuple[list[Task],

@@ -56,6 +56,10 @@ ENGINE_KEYS = {"blocks": "num_blocks", "num_blocks": "num_blocks", "block_size":
                "reserve_full_prompt": "reserve_full_prompt"}
 """Field key -> :class:`~prefixshield.simulator.config.EngineConfig` attribute."""
 
+ENGINE_MINIMUM = {"num_blocks": 2, "block_size": 1, "max_num_seqs": 1,
+                  "max_num_batched_tokens": 1}
+"""The least value of each integer engine field (``num_blocks``: block 0 is the null block)."""
+
 RUN_KEYS = ("alpha", "profile", "c_prefill_basis")
 SCHEDULER_KEYS = {"scheduler": None, "tenant_max_running": "max_running",
                   "tenant_max_blocks": "max_blocks",
@@ -283,6 +287,9 @@ def type_field(workload: str, key: str, text: str, where: str = "") -> Any:
         if key in ENGINE_KEYS:
             attr = ENGINE_KEYS[key]
             value = _convert(text, _engine_hints()[attr], key)
+            low = ENGINE_MINIMUM.get(attr)
+            if low is not None and value < low:  # else only EngineConfig's message, no field
+                raise SpecError(f"{prefix}{key}: must be an integer >= {low}, got {text!r}")
             return value
         if key == "scheduler":
             from prefixshield.scheduling import SCHEDULERS

@@ -7,6 +7,7 @@ what was wrong.
 """
 
 import json
+import os
 
 import pandas as pd
 import pytest
@@ -237,7 +238,38 @@ CASES = [
                                  "--out", "{tmp}/sched"], "scheduler"),
     ("sweep limit zero", ["sweep", "one_touch", "--set", "tenant_max_running=0",
                           "--out", "{tmp}/sched0"], "tenant_max_running"),
+    # --- errors once found only after store.json (and cells) were written: now before it
+    ("spec policy param 0", ["sweep", "--spec", "{tmp}/pol0.toml", "--out", "{tmp}/n1"],
+     "rho_scale must be a finite number > 0"),
+    ("spec grid policy param 0", ["sweep", "--spec", "{tmp}/gridpol0.toml", "--out",
+                                  "{tmp}/n2"], "point prefixshield.rho_scale=0.0: policy"),
+    ("spec generator refuses", ["sweep", "--spec", "{tmp}/hot0.toml", "--out", "{tmp}/n3"],
+     "point num_hot_prefixes=0: num_hot_prefixes must be >= 1"),
+    ("spec max_blocks below a request", ["sweep", "--spec", "{tmp}/maxblk.toml", "--out",
+                                         "{tmp}/n4"], "point tenant_max_blocks=1"),
+    ("sweep policy param 0", ["sweep", "one_touch", "-p", "lru,prefixshield:rho_scale=0",
+                              *SMALL, "--out", "{tmp}/n5"], "rho_scale"),
+    ("sweep grid blocks 1", ["sweep", "one_touch", "--grid", "blocks=1,512", "--out",
+                             "{tmp}/n6"], "--grid blocks: must be an integer >= 2"),
+    ("sweep grid block_size 0", ["sweep", "one_touch", "--grid", "block_size=0",
+                                 "--out", "{tmp}/n7"], "--grid block_size: must be"),
+    ("sweep grid max_num_seqs 0", ["sweep", "one_touch", "--grid", "max_num_seqs=0,4",
+                                   "--out", "{tmp}/n8"], "--grid max_num_seqs: must be"),
+    ("spec batched tokens 0", ["sweep", "--spec", "{tmp}/mnbt0.toml", "--out", "{tmp}/n9"],
+     "max_num_batched_tokens: must be an integer >= 1"),
+    ("spec blocks past memory", ["sweep", "--spec", "{tmp}/bigpool.toml", "--out",
+                                 "{tmp}/n10"], "use fewer --blocks"),
+    ("attack-search policy param 0", [
+        "attack-search", "-p", "prefixshield:rho_scale=0", "--trials", "1", "--batch", "1",
+        "--seeds", "1", "--eval-seeds", "1", "--no-warm-start", *SMALL, "--executor",
+        "inprocess", "--out", "{tmp}/n11"], "rho_scale must be a finite number > 0"),
+    ("attack-search batched tokens 0", [
+        "attack-search", "-p", "lru", "--trials", "1", "--set", "max_num_batched_tokens=0",
+        "--out", "{tmp}/n12"], "--set max_num_batched_tokens: must be an integer >= 1"),
 ]
+NO_STORE = {c[0] for c in CASES[CASES.index(next(c for c in CASES
+                                                 if c[0] == "spec policy param 0")):]}
+"""Cases whose --out must hold no store.json afterwards (the corrected command can use it)."""
 
 
 @pytest.fixture(scope="module")
@@ -298,6 +330,18 @@ def _issue26_files(d, good):
                                      'policies = ["lru"]\nseeds = [0]\n'
                                      "[grid]\nblocks = [1099511627776]\ngroups = [8]\n")
     (d / "grid5.toml").write_text(SPEC + "grid = 5\n")
+    small = SPEC.replace('["lru"]', '["lru", "prefixshield"]') + "seeds = 1\n"
+    for name, extra in (("pol0", "[base]\nduration_s = 8\n"),
+                        ("gridpol0", "[base]\nduration_s = 8\n"
+                                     "[grid]\n\"prefixshield.rho_scale\" = [1.0, 0.0]\n"),
+                        ("hot0", "[grid]\nnum_hot_prefixes = [4, 0]\n"),
+                        ("maxblk", "[grid]\ntenant_max_blocks = [4096, 1]\n"),
+                        ("mnbt0", "[base]\nmax_num_batched_tokens = 0\n"),
+                        ("bigpool", "[grid]\nblocks = [512, 2000000000]\n")):
+        text = small + extra
+        if name == "pol0":
+            text = text.replace('"prefixshield"]', '"prefixshield:rho_scale=0"]')
+        (d / f"{name}.toml").write_text(text)
     (d / "seeds00.toml").write_text(SPEC + "seeds = [0, 0]\n")
     (d / "recno.toml").write_text(SPEC + 'records = "no"\n')
     blob = gzip.compress(b'{"timestamp": 0, "input_length": 10, "output_length": 1, '
@@ -348,6 +392,9 @@ def test_bad_input_gets_one_clear_error(tmp, name, args, words):
     text = " ".join(r.output.split())
     assert words in text, f"{name}: {words!r} not in\n{r.output}"
     assert ".tmp" not in text, f"{name}: a temp name reached the message"
+    if name in NO_STORE:  # refused before any file: the corrected command may use --out
+        out = argv[argv.index("--out") + 1]
+        assert not os.path.exists(os.path.join(out, "store.json")), f"{name}: store written"
 
 
 def test_the_table_is_large():
