@@ -176,6 +176,8 @@ class RunResult:
         contracts: contract names by id; ``contract_rho`` / ``contract_beta`` their refill
             (blocks/s) and burst (blocks).
         trace_meta: the trace's ``meta`` (workload, parameters, windows).
+        fleet: a fleet run's replicas, routing and mode
+            (:class:`prefixshield.fleet.run.FleetRun`); None for one engine.
     """
 
     records: pd.DataFrame
@@ -193,6 +195,7 @@ class RunResult:
     trace_meta: dict = field(default_factory=dict)
     held_t: np.ndarray = field(default_factory=lambda: np.zeros(1))
     held: np.ndarray = field(default_factory=lambda: np.zeros((1, 0), dtype=np.int64))
+    fleet: object | None = None
 
 
 class Engine:
