@@ -45,6 +45,7 @@ class LockstepReplica(Engine):
         self.rows: list[int] = []  # the rows routed here, in order
         self._unadmitted: list[int] = []  # arrived rows maybe not admitted yet (pruned lazily)
         self.done = None
+        self.deferred_jumps = 0  # decode jumps that waited for the router (tests read it)
 
     # ---------------------------------------------------------------- the engine's look-ahead
     def _arrivals_left(self) -> bool:
@@ -58,6 +59,7 @@ class LockstepReplica(Engine):
             return (yield from super()._jump(plan))
         slot = Slot(self.env)
         self._deferred = (plan, slot)
+        self.deferred_jumps += 1
         return (yield slot.event)
 
     def _resolve_jump(self, wait: float | None) -> None:

@@ -15,7 +15,7 @@ from prefixshield.fleet.config import FleetConfig
 from prefixshield.fleet.hashes import trace_hashes
 from prefixshield.fleet.lockstep import run_lockstep
 from prefixshield.fleet.replica import LockstepReplica
-from prefixshield.fleet.routers.base import RequestInfo, make_router
+from prefixshield.fleet.routers.base import make_router
 from prefixshield.fleet.split import sub_trace
 from prefixshield.policies.base import Policy
 from prefixshield.simulator.config import EngineConfig
@@ -37,6 +37,7 @@ class FleetRun:
             evictions, policy state).
         hashes, hash_offsets: every request's full-block hashes (prompt then output), request
             i's at ``hashes[hash_offsets[i]:hash_offsets[i+1]]`` (for the infinite-cache bound).
+        block_size: tokens per block.
     """
 
     config: FleetConfig
@@ -45,6 +46,7 @@ class FleetRun:
     replicas: list[RunResult]
     hashes: np.ndarray
     hash_offsets: np.ndarray
+    block_size: int
 
 
 def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
@@ -86,7 +88,8 @@ def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
             res.records = res.records.iloc[rep.rows].reset_index(drop=True)
             results.append(res)
     merged = merge(results, assignment)
-    merged.fleet = FleetRun(fleet, mode, assignment, results, hashes, offsets)
+    merged.fleet = FleetRun(fleet, mode, assignment, results, hashes, offsets,
+                            config.block_size)
     return merged
 
 
