@@ -245,6 +245,10 @@ def _print_header(workload, trace, spec, info) -> None:
     console.print(f"[bold]{workload}[/]: {len(trace)} requests, {len(trace.group_names())} "
                   f"groups; profile {spec.profile.name} ({spec.profile.provenance['status']}); "
                   f"{e.num_blocks} blocks x {e.block_size} tokens; vLLM compat {e.vllm_compat}")
+    if spec.fleet is not None:
+        f = spec.fleet
+        console.print(f"fleet: {f.replicas} replicas of that engine behind router "
+                      f"{f.router.name} ({f.resolved_mode()} run)")
     if not e.scheduler.is_default:
         console.print(f"scheduler: {_scheduler_text(e.scheduler)}")
     if "base_rate_req_per_s" not in info:
