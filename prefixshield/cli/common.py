@@ -259,6 +259,84 @@ def _scheduler_options(fn):
     return wrapper
 
 
+def _fleet_options(fn):
+    """``--replicas``, ``--router``, ``--router-imbalance``, ``--router-match``,
+    ``--router-key``, ``--fleet-mode``: a fleet of engines behind a router, handed to the
+    command as one ``fleet`` argument (a :class:`~prefixshield.fleet.config.FleetConfig`, or
+    None without ``--replicas``). Bad values are a one-line error naming the option before any
+    work."""
+    from prefixshield.fleet.config import MAX_REPLICAS, MODES
+
+    @functools.wraps(fn)
+    def wrapper(*args, replicas, router, router_imbalance, router_match, router_key,
+                fleet_mode, **kwargs):
+        return fn(*args, fleet=_fleet_config(replicas, router, router_imbalance, router_match,
+                                             router_key, fleet_mode), **kwargs)
+
+    opts = [
+        click.option("--replicas", type=count(1, MAX_REPLICAS), default=None,
+                     help="Simulate a fleet of N engines behind --router, each with its own "
+                          "pool, policy and scheduler (the engine options apply to each). "
+                          "Without it: one engine."),
+        click.option("--router", default=None, metavar="NAME",
+                     help="With --replicas: round_robin (default), random, session, "
+                          "least_loaded, prefix_affinity or kv_aware (docs/fleet.md)."),
+        click.option("--router-imbalance", type=count(0, 1_000_000), default=None,
+                     help="prefix_affinity: the largest spread of requests (waiting + "
+                          "running) between replicas under which prefix affinity decides "
+                          "[default: 8]."),
+        click.option("--router-match", type=finite(0, 1), default=None,
+                     help="prefix_affinity: the smallest matched share of the prompt's blocks "
+                          "that wins a replica [default: 0.1]."),
+        click.option("--router-key", type=click.Choice(["prefix", "group"]), default=None,
+                     help="session: hash the request's group and prefix_id (its "
+                          "conversation) or its group alone [default: prefix]."),
+        click.option("--fleet-mode", type=click.Choice(list(MODES)), default=None,
+                     help="split: replicas run independently on their share of the trace "
+                          "(routers that read no replica state); lockstep: one loop advances "
+                          "every replica to each arrival; auto picks [default: auto]."),
+    ]
+    for opt in reversed(opts):
+        wrapper = opt(wrapper)
+    return wrapper
+
+
+def _fleet_config(replicas, router, imbalance, match, key, mode):
+    """The options of :func:`_fleet_options` -> a ``FleetConfig`` or None; a bad value is a
+    ``click.BadParameter`` naming its option."""
+    from prefixshield.fleet.config import FleetConfig
+    from prefixshield.fleet.routers.base import ROUTERS, RouterConfig
+
+    given = {"--router": router, "--router-imbalance": imbalance, "--router-match": match,
+             "--router-key": key, "--fleet-mode": mode}
+    if replicas is None:
+        extra = [k for k, v in given.items() if v is not None]
+        if extra:
+            raise click.BadParameter("needs --replicas N (a fleet)", param_hint=extra[0])
+        return None
+    name = router or "round_robin"
+    if name not in ROUTERS:
+        raise click.BadParameter(f"unknown router {name!r}; known: {', '.join(ROUTERS)}",
+                                 param_hint="--router")
+    for opt, value, reader in (("--router-imbalance", imbalance, "prefix_affinity"),
+                               ("--router-match", match, "prefix_affinity"),
+                               ("--router-key", key, "session")):
+        if value is not None and name != reader:
+            raise click.BadParameter(f"{opt} is read by --router {reader}, not {name}",
+                                     param_hint=opt)
+    defaults = RouterConfig()
+    cfg = RouterConfig(name=name,
+                       imbalance=defaults.imbalance if imbalance is None else imbalance,
+                       match_ratio=defaults.match_ratio if match is None else match,
+                       session_key=key or defaults.session_key)
+    try:
+        fleet = FleetConfig(replicas=replicas, router=cfg, mode=mode or "auto")
+        fleet.resolved_mode()
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--fleet-mode") from None
+    return fleet
+
+
 def _scheduler_config(name: str, priorities: tuple[str, ...], vtc_weights: str | None,
                       tenant_limits: tuple[str, ...]):
     """The options of :func:`_scheduler_options` -> a ``SchedulerConfig``; a bad value is a

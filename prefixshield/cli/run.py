@@ -10,7 +10,8 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from prefixshield.cli.common import (SEED, _engine_options, _load_numba_target, _loading,
+from prefixshield.cli.common import (SEED, _engine_options, _fleet_options, _load_numba_target,
+                                     _loading,
                                      _policy_names, _refuse_option_keys, _scheduler_options,
                                      _user_errors, _workload_names, _workload_options,
                                      _workload_overrides, console, count, finite)
@@ -41,6 +42,7 @@ _CONTRACTS = click.option(
                    "policy gets the identical trace.")
 @_engine_options
 @_scheduler_options
+@_fleet_options
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Trace seed.")
 @_workload_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
@@ -58,7 +60,7 @@ _CONTRACTS = click.option(
                    "request shapes (order, burstiness and prefixes kept; gaps scaled).")
 @_user_errors
 def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
-        max_num_batched_tokens, profile, scheduler, seed, alpha, overrides, out_dir, plot,
+        max_num_batched_tokens, profile, scheduler, fleet, seed, alpha, overrides, out_dir, plot,
         check_invariants, c_prefill_basis, contracts_mode, scale_to_load):
     """Simulate WORKLOAD under one or more policies and print a summary table.
 
@@ -80,7 +82,7 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
                           check_invariants=check_invariants, scheduler=scheduler)
     spec = RunSpec(workload=workload, policies=_policy_names(policies), engine=engine,
                    profile=load_profile(profile), alpha=alpha, seed=seed, overrides=typed,
-                   scale_to_load=scale_to_load, c_prefill_basis=c_prefill_basis)
+                   scale_to_load=scale_to_load, c_prefill_basis=c_prefill_basis, fleet=fleet)
     trace, info = build_trace(spec)
     _print_header(workload, trace, spec, info)
     if "time_factor" in info:
@@ -103,6 +105,8 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
         results = run_policies(trace, spec, on_done=done, failures=failures)
     _print_summary(results, timings, failures)
     _print_debt_warning(results)
+    if fleet is not None:
+        _print_fleet(results)
     if out_dir:
         def figures(folder: Path) -> list[Path]:
             if not (plot and results):
@@ -133,6 +137,7 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
               help="Policies as for `run`; the first is the baseline of the paired differences.")
 @_engine_options
 @_scheduler_options
+@_fleet_options
 @click.option("--seeds", type=count(1, MAX_SEEDS), default=10, show_default=True,
               help="Paired runs: seeds 0..N-1, every policy on the identical trace per seed.")
 @_workload_options
@@ -142,8 +147,8 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
               help="Write per-run rows and the paired table as CSV (OUT and OUT.paired.csv).")
 @_user_errors
 def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
-            max_num_batched_tokens, profile, scheduler, seeds, alpha, overrides, c_prefill_basis,
-            contracts_mode, out_csv):
+            max_num_batched_tokens, profile, scheduler, fleet, seeds, alpha, overrides,
+            c_prefill_basis, contracts_mode, out_csv):
     """Paired comparison of policies on a generated WORKLOAD over several seeds.
 
     Prints the mean hit ratio and P95 TTFT of the judged requests per policy, and the paired
@@ -175,7 +180,7 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
     names = _policy_names(policies)
     spec = RunSpec(workload=workload, policies=names, engine=engine,
                    profile=load_profile(profile), alpha=alpha, overrides=typed,
-                   c_prefill_basis=c_prefill_basis)
+                   c_prefill_basis=c_prefill_basis, fleet=fleet)
     trace0, info0 = build_trace(spec)
     _print_header(workload, trace0, spec, info0)
     fitted = _fit_contracts(trace0, spec, info0)[0].contracts if contracts_mode == "fit" \
@@ -240,6 +245,10 @@ def _print_header(workload, trace, spec, info) -> None:
     console.print(f"[bold]{workload}[/]: {len(trace)} requests, {len(trace.group_names())} "
                   f"groups; profile {spec.profile.name} ({spec.profile.provenance['status']}); "
                   f"{e.num_blocks} blocks x {e.block_size} tokens; vLLM compat {e.vllm_compat}")
+    if spec.fleet is not None:
+        f = spec.fleet
+        console.print(f"fleet: {f.replicas} replicas of that engine behind router "
+                      f"{f.router.name} ({f.resolved_mode()} run)")
     if not e.scheduler.is_default:
         console.print(f"scheduler: {_scheduler_text(e.scheduler)}")
     if "base_rate_req_per_s" not in info:
@@ -298,6 +307,46 @@ def _print_debt_warning(results) -> None:
 def _fmt(x: float, spec: str) -> str:
     """``format(x, spec)``, or ``-`` for NaN."""
     return "-" if x != x else format(x, spec)
+
+
+def _print_fleet(results) -> None:
+    """Per policy: the fleet's replicas (load, hits beside the infinite-cache bound, TTFT,
+    queueing, blocks) and its tenants across the fleet."""
+    from prefixshield.fleet.metrics import fleet_summary, replica_table, tenant_table, with_bound
+
+    def f3(x):
+        return f"{x:.3f}"
+
+    for label, r in results.items():
+        rec = with_bound(r)
+        s = fleet_summary(r, rec)
+        title = (f"{label}: {s['replicas']} replicas, router {s['router']} ({s['mode']}); "
+                 f"load max/mean {s['max_over_mean_requests']:.2f}")
+        t = Table(title=title)
+        cols = ["replica", "requests", "hit ratio", "bound", "token hit", "token bound",
+                "P95 TTFT (s)", "mean queue (s)", "P95 queue (s)", "new blocks",
+                "mean blocks", "evictions"]
+        for col in cols:
+            t.add_column(col, justify="right")
+        for row in replica_table(r, rec).to_dict("records"):
+            t.add_row(str(row["replica"]), str(row["requests"]), f3(row["hit_ratio"]),
+                      f3(row["bound_hit_ratio"]), f3(row["token_hit_ratio"]),
+                      f3(row["bound_token_hit_ratio"]), f3(row["p95_ttft_s"]),
+                      f3(row["mean_queue_s"]), f3(row["p95_queue_s"]), str(row["new_blocks"]),
+                      f"{row['mean_blocks']:.0f}", str(row["evictions"]))
+        console.print(t)
+        t = Table(title=f"{label}: tenants across the fleet")
+        cols = ["group", "role", "requests", "hit ratio", "bound", "token hit", "token bound",
+                "P95 TTFT (s)", "mean queue (s)", "replicas", "top share"]
+        for col in cols:
+            t.add_column(col, justify="left" if col in ("group", "role") else "right")
+        for row in tenant_table(r, rec).to_dict("records"):
+            t.add_row(str(row["group"]), str(row["role"]), str(row["requests"]),
+                      f3(row["hit_ratio"]), f3(row["bound_hit_ratio"]),
+                      f3(row["token_hit_ratio"]), f3(row["bound_token_hit_ratio"]),
+                      f3(row["p95_ttft_s"]), f3(row["mean_queue_s"]), str(row["replicas"]),
+                      f"{row['top_share']:.2f}")
+        console.print(t)
 
 
 def _print_summary(results, timings, failures=None) -> None:

@@ -65,6 +65,8 @@ class RunSpec:
             once per deployment profile, so that arrival rates and the attack are the same at
             every capacity (a capacity sweep then varies the cache alone, as the reference
             study's does); ``"capacity"`` on this run's own pool (rates grow with the cache).
+        fleet: replicas and router (:class:`prefixshield.fleet.config.FleetConfig`); None:
+            one engine, as before fleets existed.
     """
 
     workload: str
@@ -77,6 +79,7 @@ class RunSpec:
     contracts: Mapping[str, Contract] | None = None
     scale_to_load: float | None = None
     c_prefill_basis: str = "reference"
+    fleet: Any = None
 
     def __post_init__(self) -> None:
         if self.c_prefill_basis not in C_PREFILL_BASES:
@@ -88,7 +91,9 @@ class RunSpec:
             raise ValueError("no policy given")
         if not self.alpha > 0:
             raise ValueError(f"alpha must be > 0, got {self.alpha}")
-        check_memory(self.engine.num_blocks, len(self.policies))
+        # every replica of a fleet holds a whole pool
+        replicas = 1 if self.fleet is None else self.fleet.replicas
+        check_memory(self.engine.num_blocks * replicas, len(self.policies))
 
     @property
     def contract_table(self) -> Mapping[str, Contract]:
@@ -242,11 +247,8 @@ def run_policies(trace: Trace, spec: RunSpec,
     results = {}
     for label in spec.policies:
         name, kwargs = parse_policy_spec(label)
-        policy = make_policy(name, spec.engine.num_blocks, vllm_compat=spec.engine.vllm_compat,
-                             **kwargs)
         try:
-            results[label] = Engine(trace, policy, spec.profile.cost, spec.engine,
-                                    contracts=spec.contract_table).run()
+            results[label] = _run_one(trace, spec, name, kwargs)
         except EngineError as e:
             if failures is None:
                 raise
@@ -255,6 +257,21 @@ def run_policies(trace: Trace, spec: RunSpec,
         if on_done is not None:
             on_done(label, results[label])
     return results
+
+
+def _run_one(trace: Trace, spec: RunSpec, name: str, kwargs: dict) -> RunResult:
+    """One policy's run: one engine, or the fleet of ``spec.fleet``."""
+    def fresh():
+        return make_policy(name, spec.engine.num_blocks, vllm_compat=spec.engine.vllm_compat,
+                           **kwargs)
+
+    if spec.fleet is None:
+        return Engine(trace, fresh(), spec.profile.cost, spec.engine,
+                      contracts=spec.contract_table).run()
+    from prefixshield.fleet.run import run_fleet
+
+    return run_fleet(trace, fresh, spec.profile.cost, spec.engine, spec.contract_table,
+                     spec.fleet)
 
 
 def _scale_to_engine(trace: Trace, spec: RunSpec, info: dict) -> tuple[Trace, dict]:
@@ -312,6 +329,7 @@ def config_record(spec: RunSpec, trace_info: dict) -> dict:
                     "provenance": spec.profile.provenance},
         "contracts": {k: dataclasses.asdict(c) for k, c in spec.contract_table.items()},
         "trace": trace_info,
+        **({"fleet": dataclasses.asdict(spec.fleet)} if spec.fleet is not None else {}),
     }
 
 
@@ -392,6 +410,10 @@ def write_outputs(out_dir: str | Path, spec: RunSpec, trace: Trace, trace_info: 
             put_text(f"{d}/evictions.csv", csv_safe(eviction_matrix(r)).to_csv())
             put_text(f"{d}/policy_stats.json", json.dumps(r.policy_stats, indent=2,
                                                           default=_jsonable) + "\n")
+            if r.fleet is not None:
+                for name, df in fleet_tables(r).items():
+                    put_text(f"{d}/fleet/{name}.csv", csv_safe(df).to_csv(
+                        index=name.startswith("evictions")))
         put_text("summary.csv", summary_frame(results, failures).to_csv(index=False))
         if extra is not None:
             written += [p.relative_to(stage) for p in extra(stage)]
@@ -409,6 +431,20 @@ def write_outputs(out_dir: str | Path, spec: RunSpec, trace: Trace, trace_info: 
 
 
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def fleet_tables(result: RunResult) -> dict[str, pd.DataFrame]:
+    """A fleet run's tables by file stem: ``replicas``, ``tenants``, ``summary`` and
+    ``evictions_replica<r>`` (see :mod:`prefixshield.fleet.metrics`)."""
+    from prefixshield.fleet.metrics import (fleet_summary, replica_evictions, replica_table,
+                                            tenant_table, with_bound)
+
+    rec = with_bound(result)
+    tables = {"replicas": replica_table(result, rec), "tenants": tenant_table(result, rec),
+              "summary": pd.DataFrame([fleet_summary(result, rec)])}
+    for r, m in replica_evictions(result).items():
+        tables[f"evictions_replica{r}"] = m
+    return tables
 
 
 def csv_safe(df: pd.DataFrame) -> pd.DataFrame:

@@ -185,6 +185,8 @@ class RunResult:
         contracts: contract names by id; ``contract_rho`` / ``contract_beta`` their refill
             (blocks/s) and burst (blocks).
         trace_meta: the trace's ``meta`` (workload, parameters, windows).
+        fleet: a fleet run's replicas, routing and mode
+            (:class:`prefixshield.fleet.run.FleetRun`); None for one engine.
     """
 
     records: pd.DataFrame
@@ -202,6 +204,7 @@ class RunResult:
     trace_meta: dict = field(default_factory=dict)
     held_t: np.ndarray = field(default_factory=lambda: np.zeros(1))
     held: np.ndarray = field(default_factory=lambda: np.zeros((1, 0), dtype=np.int64))
+    fleet: object | None = None
 
 
 class Engine:
@@ -350,31 +353,62 @@ class Engine:
     # ------------------------------------------------------------------ processes
     def _arrivals(self):
         env = self.env
-        B = self.config.block_size
         for i in range(len(self.arrival_s)):
             delay = self.arrival_s[i] - env.now
             if delay > 0:
                 yield env.timeout(delay)
-            # the prefix cached at arrival (what a request would hit if admitted at once)
-            if self.batched and not self.scheduled_by_policy:
-                hashes = self._arrival_chunks.hashes(i)
-                max_blocks = (int(self.prompt_tokens[i]) - 1) // B
-                self.arrival_cached_tokens[i] = (
-                    self.pool.find_cached_prefix(hashes, max_blocks).shape[0] * B)
-                self.waiting.append(i)
-            else:
-                # with the scheduler's queue a request is built on arrival (the scheduler orders
-                # requests by what they are) and keeps its block hashes, not its token ids
-                # (16x smaller with 16-token blocks): nothing reads them once hashed
-                seq = (self._make_sequence_batched(i) if self.batched
-                       else self._make_sequence(i))
-                seq.token_ids = _NO_TOKENS
-                hits, num_hit_tokens = self.kv.get_computed_blocks(seq)
-                self.arrival_cached_tokens[i] = num_hit_tokens
-                self.scheduler.arrive(seq)
+            self._arrive(i)
             self._next_arrival = i + 1
-            if self._wakeup is not None and not self._wakeup.triggered:
-                self._wakeup.succeed()
+            self._wake()
+
+    def _arrive(self, i: int) -> None:
+        """Request ``i`` arrives now: it joins the waiting queue, with the prefix cached at
+        arrival (what it would hit if admitted at once) recorded."""
+        B = self.config.block_size
+        if self.batched and not self.scheduled_by_policy:
+            hashes = self._arrival_chunks.hashes(i)
+            max_blocks = (int(self.prompt_tokens[i]) - 1) // B
+            self.arrival_cached_tokens[i] = (
+                self.pool.find_cached_prefix(hashes, max_blocks).shape[0] * B)
+            self.waiting.append(i)
+        else:
+            # with the scheduler's queue a request is built on arrival (the scheduler orders
+            # requests by what they are) and keeps its block hashes, not its token ids (16x
+            # smaller with 16-token blocks): nothing reads them once hashed
+            seq = (self._make_sequence_batched(i) if self.batched
+                   else self._make_sequence(i))
+            seq.token_ids = _NO_TOKENS
+            hits, num_hit_tokens = self.kv.get_computed_blocks(seq)
+            self.arrival_cached_tokens[i] = num_hit_tokens
+            self.scheduler.arrive(seq)
+
+    def _wake(self) -> None:
+        """Resume the engine process if it waits for an arrival."""
+        if self._wakeup is not None and not self._wakeup.triggered:
+            self._wakeup.succeed()
+
+    def _arrivals_left(self) -> bool:
+        """Whether a request is still to arrive (a fleet replica overrides this: its arrivals
+        are the router's, see :mod:`prefixshield.fleet.replica`)."""
+        return self._next_arrival < len(self.arrival_s)
+
+    def _next_arrival_wait(self) -> float | None:
+        """Seconds from now to the next arrival, None when none is left."""
+        if self._next_arrival < len(self.arrival_s):
+            return self.arrival_s[self._next_arrival] - self.env.now
+        return None
+
+    def _jump(self, plan: Callable[[float | None], tuple[int, float]]):
+        """Take a coalesced decode run: ``plan(wait)`` gives its steps and seconds from the wait
+        until the next arrival (None: none left). A generator (``k = yield from``) returning the
+        steps taken, 0 for none. A fleet replica overrides it to wait for the router when its
+        next arrival is not routed yet."""
+        k, seconds = plan(self._next_arrival_wait())
+        if k <= 0:
+            return 0
+        self.num_events += 1
+        yield self.env.timeout(seconds)
+        return k
 
     @property
     def _scheduler_queue(self) -> bool:
@@ -434,7 +468,7 @@ class Engine:
         n = len(self.arrival_s)
         while True:
             if not self.running and not self._has_waiting():
-                if self._next_arrival >= n:
+                if not self._arrivals_left():
                     return
                 self._wakeup = env.event()
                 yield self._wakeup
@@ -602,7 +636,7 @@ class Engine:
             s.num_computed_tokens == s.num_tokens - 1 and s.num_output_done > 0 for s in self.running)
 
     def _idle_until_arrival(self):
-        if self._next_arrival >= len(self.arrival_s):
+        if not self._arrivals_left():
             seq = self._waiting_head()
             raise self._never_admitted(seq.request_id, seq.num_tokens)
         self._wakeup = self.env.event()
@@ -654,18 +688,22 @@ class Engine:
         per_step = cm.a_s + cm.c_s_per_decode_seq * nseq + cm.d_s_per_context_token * ctx0
         steps = np.arange(1, k + 1, dtype=np.float64)
         cum = steps * per_step + cm.d_s_per_context_token * nseq * steps * (steps - 1) / 2
-        if self._next_arrival < len(self.arrival_s):
+        order_fixed = self.scheduler.order_fixed
+
+        def plan(wait: float | None) -> tuple[int, float]:
+            if wait is None:
+                return k, float(cum[k - 1])
             # Stop at the first step boundary at or after the next arrival: it may be admitted.
             # A scheduler whose order moves with decoding (VTC: an arrival reads the counters
             # the steps before it charged) stops before the step the arrival falls in, which
             # then runs on its own, as it would without jumps.
-            wait = self.arrival_s[self._next_arrival] - self.env.now
             end = int(np.searchsorted(cum, wait, side="left"))
-            k = min(k, end + 1 if self.scheduler.order_fixed else end)
-            if k <= 0:
-                return
-        self.num_events += 1
-        yield self.env.timeout(cum[k - 1])
+            j = min(k, end + 1 if order_fixed else end)
+            return j, (float(cum[j - 1]) if j > 0 else 0.0)
+
+        k = yield from self._jump(plan)
+        if k <= 0:
+            return
         self.num_steps += k
         for s in running:
             s.num_computed_tokens += k
@@ -956,23 +994,24 @@ class Engine:
         cm = self.cost
         ctx0 = int(pos_sum) + nseq
         per_step = cm.a_s + cm.c_s_per_decode_seq * nseq + cm.d_s_per_context_token * ctx0
-        bounded = self._next_arrival < len(self.arrival_s)
-        wait = self.arrival_s[self._next_arrival] - self.env.now if bounded else 0.0
+        slope = cm.d_s_per_context_token * nseq
         sched = self.scheduler
-        if bounded and self.scheduled_by_policy and not sched.order_fixed:
-            # as in _coalesced_decode: end before the step the next arrival falls in
-            k, seconds = bk.coalesced_time(per_step, cm.d_s_per_context_token * nseq, int(k),
-                                           float(wait), bounded)
-            k2 = k - 1 if seconds >= wait else k
-            if k2 <= 0:
-                return
-            k, seconds = bk.coalesced_time(per_step, cm.d_s_per_context_token * nseq, k2,
-                                           0.0, False)
-        else:
-            k, seconds = bk.coalesced_time(per_step, cm.d_s_per_context_token * nseq, int(k),
-                                           float(wait), bounded)
-        self.num_events += 1
-        yield self.env.timeout(seconds)
+        # a scheduler whose order moves with decoding (VTC) ends a jump before the step the
+        # next arrival falls in, as _coalesced_decode does
+        before = self.scheduled_by_policy and not sched.order_fixed
+
+        def plan(wait: float | None) -> tuple[int, float]:
+            if wait is None:
+                return bk.coalesced_time(per_step, slope, int(k), 0.0, False)
+            j, seconds = bk.coalesced_time(per_step, slope, int(k), float(wait), True)
+            if not before:
+                return j, seconds
+            j = j - 1 if seconds >= wait else j
+            if j <= 0:
+                return 0, 0.0
+            return bk.coalesced_time(per_step, slope, j, 0.0, False)
+
+        k = yield from self._jump(plan)
         self.num_steps += k
         bk.advance_decode(self._state, self._run_ids, nseq, k)
         if self.scheduled_by_policy and sched.counts_outputs:

@@ -1,0 +1,130 @@
+"""Run one policy over a fleet: build the router and the replicas, run them in split or
+lockstep mode, and merge what they produced into one :class:`~prefixshield.simulator.engine.
+RunResult` (every summary, table and comparison of a single engine then reads a fleet too) with
+the per-replica results attached (:class:`FleetRun`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from prefixshield.fleet.config import FleetConfig
+from prefixshield.fleet.hashes import trace_hashes
+from prefixshield.fleet.lockstep import run_lockstep
+from prefixshield.fleet.replica import LockstepReplica
+from prefixshield.fleet.routers.base import make_router
+from prefixshield.fleet.split import sub_trace
+from prefixshield.policies.base import Policy
+from prefixshield.simulator.config import EngineConfig
+from prefixshield.simulator.costmodel import CostModel
+from prefixshield.simulator.engine import Engine, RunResult
+from prefixshield.tenancy import Contract
+from prefixshield.traces.schema import Trace
+
+
+@dataclass
+class FleetRun:
+    """What a fleet run adds to the merged :class:`RunResult` (its ``fleet`` attribute).
+
+    Attributes:
+        config: the fleet's settings.
+        mode: ``split`` or ``lockstep`` (how it ran).
+        assignment: the replica of every trace row (int64).
+        replicas: each replica's own result (records of its rows only, its pool's occupancy,
+            evictions, policy state).
+        hashes, hash_offsets: every request's full-block hashes (prompt then output), request
+            i's at ``hashes[hash_offsets[i]:hash_offsets[i+1]]`` (for the infinite-cache bound).
+        block_size: tokens per block.
+    """
+
+    config: FleetConfig
+    mode: str
+    assignment: np.ndarray
+    replicas: list[RunResult]
+    hashes: np.ndarray
+    hash_offsets: np.ndarray
+    block_size: int
+
+
+def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
+              config: EngineConfig, contracts: Mapping[str, Contract],
+              fleet: FleetConfig) -> RunResult:
+    """Simulate ``trace`` on ``fleet.replicas`` engines behind ``fleet.router``.
+
+    Args:
+        trace: the requests (validated).
+        make_policy: a fresh policy for one replica (called once per replica).
+        cost, config, contracts: as for :class:`Engine`, the same for every replica.
+        fleet: replicas, router, mode.
+
+    Returns:
+        The merged result: records of every row (trace order) with a ``replica`` column,
+        evictions summed, occupancy and held blocks summed over replicas (fleet-wide step
+        functions), creations of every replica by time, steps and events summed; its
+        ``fleet`` attribute is the :class:`FleetRun`. Raises
+        :class:`~prefixshield.simulator.engine.EngineError` as a replica's engine does.
+    """
+    mode = fleet.resolved_mode()
+    hashes, offsets, info = trace_hashes(trace, config)
+    router = make_router(fleet.router, fleet.replicas, info, trace.seed)
+    if mode == "split":
+        assignment = router.assign_all(len(trace))
+        results = []
+        for r in range(fleet.replicas):
+            rows = np.flatnonzero(assignment == r)
+            eng = Engine(sub_trace(trace, rows), make_policy(), cost, config,
+                         contracts=contracts)
+            results.append(eng.run())
+    else:
+        reps = [LockstepReplica(trace, make_policy(), cost, config, contracts=contracts)
+                for _ in range(fleet.replicas)]
+        assignment = run_lockstep(reps, router, reps[0].arrival_s)
+        results = []
+        for rep in reps:
+            res = rep._result()
+            res.records = res.records.iloc[rep.rows].reset_index(drop=True)
+            results.append(res)
+    merged = merge(results, assignment)
+    merged.fleet = FleetRun(fleet, mode, assignment, results, hashes, offsets,
+                            config.block_size)
+    return merged
+
+
+def _sum_series(ts: list[np.ndarray], vs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The sum of step functions (value ``v[k]`` from ``t[k]`` on), at the union of times."""
+    times = np.unique(np.concatenate(ts))
+    total = np.zeros((times.shape[0], vs[0].shape[1]), dtype=np.int64)
+    for t, v in zip(ts, vs):
+        idx = np.searchsorted(t, times, side="right") - 1
+        total += np.where((idx >= 0)[:, None], v[np.maximum(idx, 0)], 0)
+    return times, total
+
+
+def merge(results: list[RunResult], assignment: np.ndarray) -> RunResult:
+    """One fleet-wide :class:`RunResult` from the replicas' (see :func:`run_fleet`)."""
+    first = results[0]
+    n = assignment.shape[0]
+    parts = []
+    for r, res in enumerate(results):
+        rec = res.records.copy()
+        rec["replica"] = np.int64(r)
+        rec.index = np.flatnonzero(assignment == r)
+        parts.append(rec)
+    records = pd.concat(parts).sort_index() if n else first.records.assign(replica=np.int64(0))
+    records = records.reset_index(drop=True)
+    occ_t, occ = _sum_series([r.occupancy_t for r in results], [r.occupancy for r in results])
+    held_t, held = _sum_series([r.held_t for r in results], [r.held for r in results])
+    cre = {k: np.concatenate([r.creations[k] for r in results]) for k in first.creations}
+    order = np.argsort(cre["t_s"], kind="stable")
+    cre = {k: v[order] for k, v in cre.items()}
+    return RunResult(records=records, groups=first.groups, occupancy_t=occ_t, occupancy=occ,
+                     evictions=sum(r.evictions for r in results),
+                     num_steps=sum(r.num_steps for r in results),
+                     num_events=sum(r.num_events for r in results),
+                     policy_stats={"replicas": [r.policy_stats for r in results]},
+                     creations=cre, contracts=first.contracts, contract_rho=first.contract_rho,
+                     contract_beta=first.contract_beta, trace_meta=first.trace_meta,
+                     held_t=held_t, held=held)
