@@ -39,16 +39,21 @@ What it models, decision for decision the same as the step-by-step oracle
 * **The linear** :class:`~prefixshield.simulator.costmodel.CostModel` evaluated in the same
   operation order as its ``step_time`` (a duck-typed cost object takes the per-step path).
 
-Per-request block tables live in one flat int32 array (``table[table_off[r]:]``, room for
-``ceil(tokens / B) + 1`` blocks, as a ``Sequence`` has) and block hashes in one flat uint64
-array (``hashes[hash_off[r]:hash_off[r + 1]]``, every full block of prompt and output), built
-for the whole trace up front by :func:`build_hashes` (the same hashes as
-:func:`~prefixshield.simulator.hashing.chain_block_hashes` of the same token ids).
+Per-request block tables live in one flat int32 array (``table[table_off[r] - base:]``, room
+for ``ceil(tokens / B) + 1`` blocks, as a ``Sequence`` has) and block hashes in one flat uint64
+array (``hashes[hash_off[r] - base:hash_off[r + 1] - base]``, every full block of prompt and
+output), built by :func:`build_hashes` (the same hashes as
+:func:`~prefixshield.simulator.hashing.chain_block_hashes` of the same token ids) for a
+*window* of requests ``ctl[HASH_BASE]``-relative: the caller holds the requests from the
+oldest one still waiting or running to ``ctl[WINDOW_END]``, and an arrival past it returns
+:data:`NEED_WINDOW` (a short trace is one window, base 0). A request's hashes and table are
+read only between its arrival and its end, so the window never changes a decision.
 
 The kernel is resumable: every piece of loop state is in ``ctl`` (int64) / ``fctl`` (float64)
 and the arrays. It returns :data:`DONE`, :data:`CHECK` (after a step's occupancy record, where
-the oracle checks invariants), :data:`GROW` (an output buffer is full: enlarge and call again)
-or :data:`NEVER_ADMITTED` (the waiting head cannot fit with nothing running and no request is
+the oracle checks invariants), :data:`GROW` (an output buffer is full: enlarge and call
+again), :data:`NEED_WINDOW` (slide the window of hashes and tables) or
+:data:`NEVER_ADMITTED` (the waiting head cannot fit with nothing running and no request is
 left to arrive: the oracle's ``EngineError``).
 
 Speed notes. :func:`run_loop`, :func:`_allocate` and :func:`_free_request` are compiled without
