@@ -1090,14 +1090,18 @@ class Engine:
                       lo: int, need: int, old_hashes: np.ndarray | None,
                       old_table: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """The fused loop's next window: hashes and block tables of requests ``lo .. hi-1``,
-        ``hi`` as far as :attr:`FUSED_WINDOW_HASHES` hashes allow but past ``need`` (the next
-        arrival) whatever they are; sets ``ctl``'s window slots. What the previous window
-        (``old_*``, from ``ctl``'s slots) holds of ``lo ..`` is carried over: the tables of
-        running requests, and hashes already built."""
+        ``hi`` as far as :attr:`FUSED_WINDOW_HASHES` hashes from ``lo`` allow, and at least
+        half of that many past ``need`` (the next arrival; at least one request); sets
+        ``ctl``'s window slots. What the previous window (``old_*``, from ``ctl``'s slots)
+        holds of ``lo ..`` is carried over: the tables of running requests, and hashes already
+        built."""
         n = len(hash_off) - 1
-        hi = int(np.searchsorted(hash_off, hash_off[lo] + self.FUSED_WINDOW_HASHES,
-                                 side="right")) - 1
-        hi = min(n, max(hi, need + 1))
+        room = self.FUSED_WINDOW_HASHES
+        hi = int(np.searchsorted(hash_off, hash_off[lo] + room, side="right")) - 1
+        # room for half a window of new arrivals whatever the live requests hold: with a long
+        # backlog each slide would otherwise admit one arrival and copy the whole backlog
+        ahead = int(np.searchsorted(hash_off, hash_off[need] + room // 2, side="right")) - 1
+        hi = min(n, max(hi, ahead, need + 1))
         hbase, tbase = int(hash_off[lo]), int(table_off[lo])
         hashes = np.empty(int(hash_off[hi]) - hbase, dtype=np.uint64)
         table = np.zeros(int(table_off[hi]) - tbase, dtype=np.int32)
