@@ -5,12 +5,12 @@
    scheduler, block pool, LRU, cost model) on a cheap generated workload, ``one_touch`` at
    4,096 blocks with one output token per request (``output_tokens=(1, 1)``, the prefill study)
    and 128-token prefixes plus 16-48-token suffixes (``prefix_tokens=128``, about 10 blocks a
-   request, so that every size fits the fused loop's up-front hashes,
-   ``Engine.FUSED_MAX_HASHES``, and takes the same path; the path is reported, and
-   linearity is not judged when the sizes took different paths). The measured phase is
-   lengthened (``duration_s``, from a pilot trace's rate) until the trace holds about 10^4,
-   10^5, 10^6 and 2 x 10^6 requests (the last: past 10^6, where a fixed bound on the fused
-   loop's hashes once sent a run to the per-step path; ``--quick``: 10^3, 4 x 10^3,
+   request; every size takes the fused loop, which holds hashes and block tables a window of
+   arrivals at a time, ``Engine.FUSED_WINDOW_HASHES``; the path and the number of windows are
+   reported, and linearity is not judged when the sizes took different paths). The measured
+   phase is lengthened (``duration_s``, from a pilot trace's rate) until the trace holds about
+   10^4, 10^5, 10^6 and 2 x 10^6 requests (the last: past 10^6, where a fixed bound on the
+   fused loop's hashes once sent a run to the per-step path; ``--quick``: 10^3, 4 x 10^3,
    1.6 x 10^4). Timed: ``Engine.run``
    (best of ``repeats`` runs, more while they add up to less than :data:`MIN_TIMED_S`), in wall
    seconds and in this thread's CPU seconds (user + system, least of the runs; the system part
@@ -69,6 +69,14 @@ bench runs, more than the linearity verdict tolerates."""
 MAX_REPEATS = 10
 """Verdict band: linear when every step slope is within 1 +- this of the previous step's (the
 machines are shared: timings of one run vary by 10-20% here)."""
+
+
+def engine_setup() -> dict:
+    """The requests part's engine settings as written with the results (JSON-able): the
+    workload's overrides, blocks and profile."""
+    return {"engine_overrides": {k: list(v) if isinstance(v, tuple) else v
+                                 for k, v in ENGINE_OVERRIDES.items()},
+            "engine_blocks": ENGINE_BLOCKS, "engine_profile": ENGINE_PROFILE}
 
 
 def steps(quick: bool) -> int:
@@ -151,6 +159,7 @@ def engine_rows(sizes, repeats: int, tick: Tick) -> list[dict]:
         trace = trace_for(max(1.0, (n - warmup) / rate))
         build_s = time.perf_counter() - t0
         best, best_cpu, best_sys, path, num_steps = math.inf, math.inf, math.inf, "-", 0
+        windows = 0
         timed, runs = 0.0, 0
         while runs < repeats or (timed < MIN_TIMED_S and runs < MAX_REPEATS):
             # the previous run's engine and result go first: each run holds only its own
@@ -165,12 +174,14 @@ def engine_rows(sizes, repeats: int, tick: Tick) -> list[dict]:
             best, timed, runs = min(best, dt), timed + dt, runs + 1
             best_cpu, best_sys = min(best_cpu, cpu), min(best_sys, sys_s)
             num_steps = int(last.num_steps)
+            windows = int(getattr(e, "num_windows", 0))
         num = len(trace)
         rows.append({"part": "engine + lru", "size": num,
                      "unit": "requests", "wall_s": best, "us_per_unit": best / num * 1e6,
                      "cpu_s": best_cpu, "cpu_us_per_unit": best_cpu / num * 1e6,
                      "system_s": best_sys,
-                     "detail": f"{path}, {num_steps:,} steps", "build_s": build_s,
+                     "detail": f"{path}, {num_steps:,} steps, {windows} window(s)",
+                     "build_s": build_s,
                      "steps": num_steps, "runs": runs,
                      "simulated_s": float(trace.requests["arrival_s"].max())})
         del trace, e, last
@@ -305,10 +316,7 @@ def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
                      + ", ".join(f"{r['system_s'] / r['size'] * 1e6:.3f}" for r in rows)
                      + f" us/{unit[:-1]}")
         res.notes.append(line)
-    res.extra.update(engine_overrides={k: list(v) if isinstance(v, tuple) else v
-                                       for k, v in ENGINE_OVERRIDES.items()},
-                     engine_blocks=ENGINE_BLOCKS, engine_profile=ENGINE_PROFILE,
-                     repeats=repeats, linear_tolerance=LINEAR_TOLERANCE)
+    res.extra.update(engine_setup(), repeats=repeats, linear_tolerance=LINEAR_TOLERANCE)
     res.notes.append(
         f"engine: Engine.run wall and CPU seconds (best of at least {repeats} runs, more until "
         f"they add "

@@ -31,7 +31,7 @@ def _table(result) -> Table:
               help="Also write every number, with the machine it ran on, to this JSON file.")
 @click.option("--section", "sections", multiple=True,
               help="Run only this section (repeatable): engine, schedulers, startup, keystream, "
-                   "selector, state, pool, plugin, scale. Default: all.")
+                   "selector, state, pool, plugin, scale, traces. Default: all.")
 @_user_errors
 def bench(quick, json_path, sections):
     """Measure the simulator's speed, each figure against its anchor in the same run.
@@ -40,7 +40,9 @@ def bench(quick, json_path, sections):
     (vs the import floor), key-stream replay (vs libCacheSim's C path), victim selection
     latency (vs LRU's call), policy state per block (vs LRU), our block pool (vs vLLM's
     KVCacheManager), the vLLM plugin (vs native vLLM), and scale (engine time per request and
-    block-pool memory per block over sizes up to 10^6 requests and 2^20 blocks).
+    block-pool memory per block over sizes up to 10^6 requests and 2^20 blocks), and traces
+    (building a generated trace vs simulating it under LRU, and the peak RSS of an
+    8 x 10^6-request run).
     Absolute times depend on the machine and its load; compare the ratios.
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

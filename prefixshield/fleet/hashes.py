@@ -9,7 +9,7 @@ from prefixshield.scheduling.config import capped_outputs
 from prefixshield.scheduling.registry import make_scheduler
 from prefixshield.simulator import fused as fz
 from prefixshield.simulator.config import EngineConfig
-from prefixshield.simulator.engine import OUTPUT_SEED_SALT, _flat_int64, _index_of
+from prefixshield.simulator.engine import OUTPUT_SEED_SALT, _index_of
 from prefixshield.traces.schema import Trace
 
 
@@ -25,24 +25,21 @@ def trace_hashes(trace: Trace, config: EngineConfig) -> tuple[np.ndarray, np.nda
     arrival_s = df["arrival_s"].to_numpy(np.float64)
     sched = make_scheduler(config.scheduler, groups, arrival_s, group_id)
     out = capped_outputs(sched.limits, group_id, df["output_tokens"].to_numpy(np.int64))
-    lens = df["segment_lengths"].tolist()
     n = len(df)
-    seg_off = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, lens), np.int64, n), out=seg_off[1:])
-    seg_lens = _flat_int64(lens)
-    summed = np.zeros(seg_lens.shape[0] + 1, dtype=np.int64)
-    np.cumsum(seg_lens, out=summed[1:])
-    prompt = summed[seg_off[1:]] - summed[seg_off[:-1]]
+    segments = trace.segments()  # the flat form the engine's kernels read
+    seg_off, seg_lens = segments.offsets, segments.lengths
+    prompt = trace.prompt_lengths()
     B = config.block_size
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum((prompt + out) // B, out=offsets[1:])
     hashes = np.empty(int(offsets[-1]), dtype=np.uint64)
     if n:
         fz.build_hashes(np.int64(trace.seed), np.int64(trace.vocab_size),
-                        _flat_int64(df["segment_ids"].tolist()), seg_lens, seg_off,
+                        segments.ids, seg_lens, seg_off,
                         df["output_segment_id"].to_numpy(np.int64), out,
                         np.int64(trace.seed ^ OUTPUT_SEED_SALT), group_id, np.int64(B),
-                        np.int64(config.hash_seed), offsets, hashes)
+                        np.int64(config.hash_seed), offsets, hashes, np.int64(0), np.int64(n),
+                        np.int64(0))
     info = RequestInfo(groups, group_id, df["prefix_id"].to_numpy(np.int64), prompt, out, B,
                        hashes=lambda i: hashes[offsets[i]:offsets[i + 1]])
     return hashes, offsets, info

@@ -56,7 +56,6 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from prefixshield.machine import physical_memory_bytes
 from prefixshield.policies.base import POLICIES, Policy
 from prefixshield.scheduling.config import capped_outputs, over_block_limit
 from prefixshield.scheduling.registry import make_scheduler
@@ -75,24 +74,12 @@ OUTPUT_SEED_SALT = 0x0DEC0DE
 """Mixed into the trace seed for the tokens of requests without an ``output_segment_id``."""
 
 
-FUSED_BYTES_PER_HASH = 12
-"""Up-front bytes of the fused loop per block hash: the 8-byte hash and a 4-byte block-table
-slot."""
-
-
-def fused_hash_budget(memory_share: int = 16) -> int:
-    """Most block hashes (blocks of prompt and output over the whole trace) that the fused loop
-    builds up front: as many as take 1/``memory_share`` of this machine's physical memory at
-    :data:`FUSED_BYTES_PER_HASH` bytes each, and never fewer than 2**24 (192 MiB). The bound
-    only picks the path (both give the same run, bit for bit); past it a run is slower a
-    request, not different (README, Performance: a fixed 2**24 made the scale bench's workload
-    ~15x slower a request past ~1.6M requests). The share is per process: sweep workers on one
-    machine each may take it, only for traces that large."""
-    floor = 1 << 24
-    phys = physical_memory_bytes()
-    if phys is None:
-        return floor
-    return max(floor, phys // memory_share // FUSED_BYTES_PER_HASH)
+FUSED_WINDOW_HASHES = 1 << 22
+"""Block hashes the fused loop holds at once (32 MiB of hashes, ~16 MiB of block tables with
+16-token blocks): a longer trace is hashed a window of arrivals at a time (see
+:meth:`Engine._run_fused`). Any window gives the same run, bit for bit; this one costs ~1 ms
+of Python per window of ~10^5-10^6 requests and keeps the loop's per-block memory at tens of
+MiB whatever the trace's length."""
 
 
 def _index_of(column: pd.Series, names: list[str]) -> np.ndarray:
@@ -148,13 +135,6 @@ class _Chunks:
                            self.tokens, self.token_offsets, self.hashes_flat,
                            self.hash_offsets)
         self.lo, self.hi = lo, hi
-
-
-def _flat_int64(cells: list) -> np.ndarray:
-    """The cells (sequences of ints) one after another, int64."""
-    if not cells:
-        return np.zeros(0, dtype=np.int64)
-    return np.concatenate(cells).astype(np.int64, copy=False)
 
 
 _NO_TOKENS = np.empty(0, dtype=np.int64)
@@ -271,13 +251,13 @@ class Engine:
         self._segment_lengths = df["segment_lengths"].tolist()
         self.output_segment_id = df["output_segment_id"].to_numpy(np.int64)
         n = len(df)
-        # The segments flattened (request i's at _seg_offsets[i]:_seg_offsets[i+1]), for the
-        # batched path's token kernel; the prompt lengths (Trace.prompt_lengths, which sums
-        # row by row) fall out of them.
-        self._seg_offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.fromiter(map(len, self._segment_lengths), np.int64, n),
-                  out=self._seg_offsets[1:])
-        self._seg_lens_flat = _flat_int64(self._segment_lengths)
+        # The segments flat (request i's at _seg_offsets[i]:_seg_offsets[i+1]), for the
+        # batched path's token kernel (built once per trace, see Trace.segments); the prompt
+        # lengths fall out of them.
+        segments = trace.segments()
+        self._seg_offsets = segments.offsets
+        self._seg_lens_flat = segments.lengths
+        self._seg_ids_flat = segments.ids
         summed = np.zeros(self._seg_lens_flat.shape[0] + 1, dtype=np.int64)
         np.cumsum(self._seg_lens_flat, out=summed[1:])
         self.prompt_tokens = summed[self._seg_offsets[1:]] - summed[self._seg_offsets[:-1]]
@@ -330,6 +310,8 @@ class Engine:
         self._held: list[np.ndarray] = [self.kv.held.copy()]
         self.num_steps = 0
         self.num_events = 0
+        # windows of hashes and tables the fused loop took (1: the whole trace at once)
+        self.num_windows = 0
         # Batched step: per-request counters by request id (prompt, output length known up
         # front), the running order as request ids, and per-position scratch of one step.
         self._state = np.zeros((n, bk.NUM_FIELDS), dtype=np.int64)
@@ -344,7 +326,6 @@ class Engine:
         if batched:
             # Token ids and block hashes are built for a chunk of arrivals per kernel call
             # (batch.build_sequences) instead of a handful of calls per request.
-            self._seg_ids_flat = _flat_int64(self._segment_ids)
             self._total_tokens = self.prompt_tokens + self.output_tokens
             self._head_chunks = _Chunks(self)
             # the arrivals' lookups build their own chunks: heads lag arrivals by the queue
@@ -1075,11 +1056,10 @@ class Engine:
                          held=np.vstack(self._held))
 
     # ------------------------------------------------------------------ the fused loop
-    FUSED_MAX_HASHES = fused_hash_budget()
-    """Most block hashes the fused loop builds up front for a whole trace (see
-    :func:`fused_hash_budget`: 131,645,781 on the 24 GiB development machine). A larger trace
-    takes the per-step batched path, which builds them per chunk of arrivals: the same results,
-    slower a request (~15x on the scale bench's workload)."""
+    FUSED_WINDOW_HASHES = FUSED_WINDOW_HASHES
+    """Most block hashes the fused loop holds at once (:data:`FUSED_WINDOW_HASHES`; an
+    instance may set its own, the tests force small windows). Unlike the fixed up-front budget
+    it replaces, it never decides the path: a longer trace runs in windows, not per step."""
 
     FUSED_FIRST_ROWS: int | None = None
     """Rows of the fused loop's first occupancy and creation buffers; None sizes them from the
@@ -1096,13 +1076,12 @@ class Engine:
         :attr:`FUSED_POLICIES` (the kernel drives their state through their own event kernels;
         a subclass may change an event), the cost model is
         exactly :class:`CostModel` (the kernel
-        evaluates its formula), the trace's hashes fit :attr:`FUSED_MAX_HASHES`, and the
-        scheduler is vLLM's default (FCFS without per-tenant limits: the loop compiles it)."""
+        evaluates its formula), and the scheduler is vLLM's default (FCFS without per-tenant
+        limits: the loop compiles it). The trace's length does not matter: the hashes and block
+        tables are held a window at a time (:attr:`FUSED_WINDOW_HASHES`)."""
         return (self.batched and self.fused and not self.scheduled_by_policy
                 and self._fused_policy() is not None
-                and type(self.cost) is CostModel
-                and int((self._total_tokens // self.config.block_size).sum())
-                <= self.FUSED_MAX_HASHES)
+                and type(self.cost) is CostModel)
 
     def _fused_policy(self) -> str | None:
         """The policy's name if the fused loop drives it (its exact registered class), else
@@ -1116,23 +1095,26 @@ class Engine:
     def _run_fused(self) -> None:
         """The whole run in :func:`fused.run_loop` calls: one, or one per step when
         ``check_invariants`` (the pool's and the batch's invariants are checked after every
-        step, where :meth:`_step_batched` checks them), plus one per buffer enlargement."""
-        cfg, pool, tr = self.config, self.pool, self.trace
+        step, where :meth:`_step_batched` checks them), plus one per buffer enlargement and
+        one per window.
+
+        Windows: the block hashes and block tables of requests ``lo .. hi-1`` are held
+        (:attr:`FUSED_WINDOW_HASHES` hashes, more only when the requests waiting or running
+        need more); an arrival at ``hi`` returns :data:`fused.NEED_WINDOW`, and the next window
+        starts at the oldest request still waiting or running, carrying over what the two
+        windows share. The loop reads a request's hashes and table only while it waits or runs,
+        so every window gives the same run as one holding the whole trace."""
+        cfg, pool = self.config, self.pool
         B = cfg.block_size
         n = len(self.arrival_s)
         total = self._total_tokens
         hash_off = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(total // B, out=hash_off[1:])
-        hashes = np.empty(int(hash_off[-1]), dtype=np.uint64)
-        fz.build_hashes(np.int64(tr.seed), np.int64(tr.vocab_size), self._seg_ids_flat,
-                        self._seg_lens_flat, self._seg_offsets, self.output_segment_id,
-                        self.output_tokens, np.int64(tr.seed ^ OUTPUT_SEED_SALT), self.group_id,
-                        np.int64(B), np.int64(cfg.hash_seed), hash_off, hashes)
         # a table as a Sequence's: room for every block of prompt and output, plus one
         table_off = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(-(-total // B) + 1, out=table_off[1:])
-        table = np.zeros(int(table_off[-1]), dtype=np.int32)
         ctl = np.zeros(fz.NUM_CTL, dtype=np.int64)
+        hashes, table = self._fused_window(ctl, hash_off, table_off, 0, 0, None, None)
         ctl[fz.N] = n
         ctl[fz.BLOCK_SIZE] = B
         ctl[fz.MAX_SEQS] = cfg.max_num_seqs
@@ -1235,12 +1217,17 @@ class Engine:
                 pool.check_invariants()
                 bad = fz.check_tables(self._state, self._run_ids, int(ctl[fz.NUM_RUNNING]),
                                       table, table_off, hashes, hash_off, pool.ref_cnt,
-                                      pool.block_hash, np.zeros(nb, dtype=np.int64))
+                                      pool.block_hash, np.zeros(nb, dtype=np.int64),
+                                      ctl[fz.HASH_BASE], ctl[fz.TABLE_BASE])
                 if bad != -1:
                     raise AssertionError(
                         "fused batch disagrees with the pool: " + (
                             "ref_cnt != running tables" if bad == -2
                             else f"request {bad}'s block table or counters"))
+            elif code == fz.NEED_WINDOW:
+                hashes, table = self._fused_window(
+                    ctl, hash_off, table_off, self._oldest_live(ctl, waiting),
+                    int(ctl[fz.NEXT_ARRIVAL]), hashes, table)
             elif code == fz.GROW:
                 more = max(occ_t.shape[0], 1)
                 if ctl[fz.NUM_OCC] + 1 > occ_t.shape[0]:
@@ -1278,6 +1265,53 @@ class Engine:
         k = int(ctl[fz.NUM_CRE])
         pool.creations = fz.ColumnCreationLog(cre_t[:k], *(c[:k] for c in cre))
         self.env = simpy.Environment(initial_time=float(fctl[fz.NOW]))
+
+    def _oldest_live(self, ctl: np.ndarray, waiting: np.ndarray) -> int:
+        """The oldest request (row) the fused loop still reads: waiting, running, or the next
+        to arrive."""
+        oldest = int(ctl[fz.NEXT_ARRIVAL])
+        num_running, count = int(ctl[fz.NUM_RUNNING]), int(ctl[fz.WAIT_COUNT])
+        if num_running:
+            oldest = min(oldest, int(self._run_ids[:num_running].min()))
+        if count:
+            ring = (int(ctl[fz.WAIT_HEAD]) + np.arange(count)) % waiting.shape[0]
+            oldest = min(oldest, int(waiting[ring].min()))
+        return oldest
+
+    def _fused_window(self, ctl: np.ndarray, hash_off: np.ndarray, table_off: np.ndarray,
+                      lo: int, need: int, old_hashes: np.ndarray | None,
+                      old_table: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """The fused loop's next window: hashes and block tables of requests ``lo .. hi-1``,
+        ``hi`` as far as :attr:`FUSED_WINDOW_HASHES` hashes from ``lo`` allow, and at least
+        half of that many past ``need`` (the next arrival; at least one request); sets
+        ``ctl``'s window slots. What the previous window (``old_*``, from ``ctl``'s slots)
+        holds of ``lo ..`` is carried over: the tables of running requests, and hashes already
+        built."""
+        n = len(hash_off) - 1
+        room = self.FUSED_WINDOW_HASHES
+        hi = int(np.searchsorted(hash_off, hash_off[lo] + room, side="right")) - 1
+        # room for half a window of new arrivals whatever the live requests hold: with a long
+        # backlog each slide would otherwise admit one arrival and copy the whole backlog
+        ahead = int(np.searchsorted(hash_off, hash_off[need] + room // 2, side="right")) - 1
+        hi = min(n, max(hi, ahead, need + 1))
+        hbase, tbase = int(hash_off[lo]), int(table_off[lo])
+        hashes = np.empty(int(hash_off[hi]) - hbase, dtype=np.uint64)
+        table = np.zeros(int(table_off[hi]) - tbase, dtype=np.int32)
+        built = lo
+        if old_hashes is not None:
+            built = int(ctl[fz.WINDOW_END])   # the old window holds lo .. built-1
+            old_h, old_t = int(ctl[fz.HASH_BASE]), int(ctl[fz.TABLE_BASE])
+            hashes[:hash_off[built] - hbase] = old_hashes[hbase - old_h:hash_off[built] - old_h]
+            table[:table_off[built] - tbase] = old_table[tbase - old_t:table_off[built] - old_t]
+        tr, cfg = self.trace, self.config
+        fz.build_hashes(np.int64(tr.seed), np.int64(tr.vocab_size), self._seg_ids_flat,
+                        self._seg_lens_flat, self._seg_offsets, self.output_segment_id,
+                        self.output_tokens, np.int64(tr.seed ^ OUTPUT_SEED_SALT), self.group_id,
+                        np.int64(cfg.block_size), np.int64(cfg.hash_seed), hash_off, hashes,
+                        np.int64(built), np.int64(hi), np.int64(hbase))
+        ctl[fz.HASH_BASE], ctl[fz.TABLE_BASE], ctl[fz.WINDOW_END] = hbase, tbase, hi
+        self.num_windows += 1
+        return hashes, table
 
     def records(self) -> pd.DataFrame:
         """Per-request records: arrival, identity, tokens, new blocks, TTFT, latency, preemptions

@@ -39,16 +39,21 @@ What it models, decision for decision the same as the step-by-step oracle
 * **The linear** :class:`~prefixshield.simulator.costmodel.CostModel` evaluated in the same
   operation order as its ``step_time`` (a duck-typed cost object takes the per-step path).
 
-Per-request block tables live in one flat int32 array (``table[table_off[r]:]``, room for
-``ceil(tokens / B) + 1`` blocks, as a ``Sequence`` has) and block hashes in one flat uint64
-array (``hashes[hash_off[r]:hash_off[r + 1]]``, every full block of prompt and output), built
-for the whole trace up front by :func:`build_hashes` (the same hashes as
-:func:`~prefixshield.simulator.hashing.chain_block_hashes` of the same token ids).
+Per-request block tables live in one flat int32 array (``table[table_off[r] - base:]``, room
+for ``ceil(tokens / B) + 1`` blocks, as a ``Sequence`` has) and block hashes in one flat uint64
+array (``hashes[hash_off[r] - base:hash_off[r + 1] - base]``, every full block of prompt and
+output), built by :func:`build_hashes` (the same hashes as
+:func:`~prefixshield.simulator.hashing.chain_block_hashes` of the same token ids) for a
+*window* of requests ``ctl[HASH_BASE]``-relative: the caller holds the requests from the
+oldest one still waiting or running to ``ctl[WINDOW_END]``, and an arrival past it returns
+:data:`NEED_WINDOW` (a short trace is one window, base 0). A request's hashes and table are
+read only between its arrival and its end, so the window never changes a decision.
 
 The kernel is resumable: every piece of loop state is in ``ctl`` (int64) / ``fctl`` (float64)
 and the arrays. It returns :data:`DONE`, :data:`CHECK` (after a step's occupancy record, where
-the oracle checks invariants), :data:`GROW` (an output buffer is full: enlarge and call again)
-or :data:`NEVER_ADMITTED` (the waiting head cannot fit with nothing running and no request is
+the oracle checks invariants), :data:`GROW` (an output buffer is full: enlarge and call
+again), :data:`NEED_WINDOW` (slide the window of hashes and tables) or
+:data:`NEVER_ADMITTED` (the waiting head cannot fit with nothing running and no request is
 left to arrive: the oracle's ``EngineError``).
 
 Speed notes. :func:`run_loop`, :func:`_allocate` and :func:`_free_request` are compiled without
@@ -107,6 +112,9 @@ CHECK = 1
 GROW = 2
 """The occupancy or creation buffer may not hold the next step's rows: enlarge, call again."""
 NEVER_ADMITTED = 3
+NEED_WINDOW = 4
+"""The next arrival is past ``ctl[WINDOW_END]``: slide the window of hashes and tables
+(every live request stays in it) and call again."""
 """Nothing runs, the waiting head (``ctl[ERR_REQUEST]``) does not fit and no request is left
 to arrive (the step-by-step path raises ``EngineError`` there)."""
 
@@ -173,7 +181,15 @@ S3_GHOST_SLACK = 34
 ``on_materialize`` (read in and written back by the caller)."""
 NUM_HELD = 35
 """Rows used of the held-blocks series (``held_t``, ``held_rows``)."""
-NUM_CTL = 36
+HASH_BASE = 36
+"""Hash offset of the window's first request: request r's hashes are
+``hashes[hash_off[r] - ctl[HASH_BASE]:...]`` (0 when the whole trace's hashes are held)."""
+TABLE_BASE = 37
+"""Table offset of the window's first request (the same, for ``table`` and ``table_off``)."""
+WINDOW_END = 38
+"""First request whose hashes and table are not in the window: its arrival returns
+:data:`NEED_WINDOW` (``n`` when the window holds every request)."""
+NUM_CTL = 39
 
 # Policies the loop drives (ctl[POLICY]).
 POLICY_LRU = 0
@@ -290,7 +306,7 @@ def _free_request(r, ctl, now, state, table, table_off, ref_cnt, block_hash, own
         block_s[r] += nb * (now - held_since[r])
         held_since[r] = now
         held[group_id[r]] -= nb
-        off = table_off[r]
+        off = table_off[r] - ctl[TABLE_BASE]
         for j in range(nb):
             order[j] = table[off + nb - 1 - j]
         k = _release(order[:nb], ref_cnt, block_hash, owner, occupancy, freed, cached)
@@ -357,14 +373,14 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, state, materialized
         block_s[r] += nb0 * (now - held_since[r])
         held_since[r] = now
     c = contract_id[r]
-    off = table_off[r]
+    off = table_off[r] - ctl[TABLE_BASE]
     if num_hit:
         # pool.touch: on_hit (a no-op for LRU and StaticQuota), then on_acquire of the blocks
         # that were free (LRU and StaticQuota unlink them from their lists; S3-FIFO pins them
         # where they are)
         if kind == POLICY_PREFIXSHIELD:
-            _ps_hit(ps, hits[:num_hit], g, c, _ps_prefix(ps, prefix_id[r], hashes, hash_off[r]),
-                    now)
+            _ps_hit(ps, hits[:num_hit], g, c,
+                    _ps_prefix(ps, prefix_id[r], hashes, hash_off[r] - ctl[HASH_BASE]), now)
         elif kind == POLICY_S3FIFO:
             s3k.on_hit(hits[:num_hit], member, s3_freq, s3_params[s3k.P_FREQ_CAP])
         nf = _touch(ref_cnt, hits[:num_hit], was_free)
@@ -412,7 +428,7 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, state, materialized
     num_full = min(need_slot, num_tokens) // B
     lo = state[r, bk.NUM_CACHED]
     if num_full > lo:
-        h0 = hash_off[r]
+        h0 = hash_off[r] - ctl[HASH_BASE]
         _cache(table[off + lo:off + num_full], hashes[h0 + lo:h0 + num_full], block_hash,
                map_keys, map_vals, map_size, hash_next)
         # pool.creations.append, then on_materialize (a no-op for LRU and StaticQuota)
@@ -565,8 +581,9 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
                 while ctl[WAIT_COUNT] > 0 and budget > 0 and nrun < max_seqs:
                     r = waiting[ctl[WAIT_HEAD]]
                     num_tokens = state[r, bk.PROMPT] + state[r, bk.OUTPUT_DONE]
-                    h0 = hash_off[r]
-                    nh = _find_hits(map_keys, map_vals, hashes[h0:hash_off[r + 1]],
+                    h0 = hash_off[r] - ctl[HASH_BASE]
+                    nh = _find_hits(map_keys, map_vals,
+                                    hashes[h0:hash_off[r + 1] - ctl[HASH_BASE]],
                                     (num_tokens - 1) // B, hits)
                     k = min(num_tokens - nh * B, budget)
                     reserve = num_tokens if ctl[RESERVE_FULL] else 0
@@ -650,9 +667,14 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
             fctl[NOW] = now
             while True:
                 a = ctl[NEXT_ARRIVAL]
+                if a >= ctl[WINDOW_END]:
+                    # nothing of a is done yet: called again, the loop's top takes this same
+                    # branch (the arrival is still the earlier event) and resumes here
+                    return NEED_WINDOW
                 # the prefix cached at arrival (Engine._arrivals)
-                h0 = hash_off[a]
-                arrival_cached[a] = _find_hits(map_keys, map_vals, hashes[h0:hash_off[a + 1]],
+                h0 = hash_off[a] - ctl[HASH_BASE]
+                arrival_cached[a] = _find_hits(map_keys, map_vals,
+                                               hashes[h0:hash_off[a + 1] - ctl[HASH_BASE]],
                                                (state[a, bk.PROMPT] - 1) // B, hits) * B
                 waiting[(ctl[WAIT_HEAD] + ctl[WAIT_COUNT]) % wcap] = a
                 ctl[WAIT_COUNT] += 1
@@ -744,10 +766,11 @@ def start(ctl, fctl, arrival_s, waiting):
 
 @njit(cache=True)
 def check_tables(state, run_ids, num_running, table, table_off, hashes, hash_off, ref_cnt,
-                 block_hash, counts):
+                 block_hash, counts, hash_base, table_base):
     """Whether the batch agrees with the pool (``check_invariants``): every block's ref_cnt is
     the number of running requests whose table holds it, and every cached table entry carries
-    the request's hash at that position.
+    the request's hash at that position. ``hash_base`` / ``table_base``: the window's
+    offsets (``ctl[HASH_BASE]``, ``ctl[TABLE_BASE]``).
 
     Returns:
         -1 if so; else the first request id whose row or table is wrong, or -2 when only the
@@ -761,9 +784,9 @@ def check_tables(state, run_ids, num_running, table, table_off, hashes, hash_off
         if nc > nb or nb > table_off[r + 1] - table_off[r]:
             return r
         for j in range(nb):
-            b = table[table_off[r] + j]
+            b = table[table_off[r] - table_base + j]
             counts[b] += 1
-            if j < nc and block_hash[b] != hashes[hash_off[r] + j]:
+            if j < nc and block_hash[b] != hashes[hash_off[r] - hash_base + j]:
                 return r
     for b in range(ref_cnt.shape[0]):
         if counts[b] != ref_cnt[b]:
@@ -841,9 +864,10 @@ def _chain_tail(buf, h, tag, lo, hi, block_size, hashes, out):
 @njit(cache=True)
 def build_hashes(seed, vocab_size, seg_ids, seg_lens, seg_offsets, output_segment_id,
                  output_tokens, output_salt_seed, groups, block_size, hash_seed, hash_off,
-                 hashes):
-    """Block hashes of every request, ``hashes[hash_off[i]:hash_off[i+1]]`` for request i (one
-    per full block of prompt then output): those of
+                 hashes, lo, hi, base):
+    """Block hashes of requests ``lo .. hi-1``, ``hashes[hash_off[i] - base:hash_off[i+1] -
+    base]`` for request i (one per full block of prompt then output; ``lo, hi, base = 0, n,
+    0``: the whole trace into a buffer of all its hashes): those of
     :func:`~prefixshield.simulator.hashing.chain_block_hashes` over the token ids of
     :func:`~prefixshield.traces.tokens.prompt_token_ids` (the output: segment
     ``output_segment_id[i]``, or segment ``i`` of ``output_salt_seed`` when negative).
@@ -854,17 +878,17 @@ def build_hashes(seed, vocab_size, seg_ids, seg_lens, seg_offsets, output_segmen
     the ``% vocab_size`` done by :func:`_mod_small` (a 64-bit division costs more than the
     rest of a token's work).
     """
-    n = seg_offsets.shape[0] - 1
+    n = hi
     B = block_size
     inv = 1.0 / vocab_size
     most = 0
-    for i in range(n):
+    for i in range(lo, n):
         most = max(most, hash_off[i + 1] - hash_off[i])
     b0 = np.empty(most * B, dtype=np.uint64)
     b1 = np.empty(most * B, dtype=np.uint64)
     b2 = np.empty(most * B, dtype=np.uint64)
     b3 = np.empty(most * B, dtype=np.uint64)
-    for i0 in range(0, n, 4):
+    for i0 in range(lo, n, 4):
         # lanes past the end repeat the last request with no blocks
         i1, i2, i3 = min(i0 + 1, n - 1), min(i0 + 2, n - 1), min(i0 + 3, n - 1)
         n0 = hash_off[i0 + 1] - hash_off[i0]
@@ -885,7 +909,8 @@ def build_hashes(seed, vocab_size, seg_ids, seg_lens, seg_offsets, output_segmen
         t1 = np.uint64(groups[i1] + 1) << GROUP_SHIFT
         t2 = np.uint64(groups[i2] + 1) << GROUP_SHIFT
         t3 = np.uint64(groups[i3] + 1) << GROUP_SHIFT
-        o0, o1, o2, o3 = hash_off[i0], hash_off[i1], hash_off[i2], hash_off[i3]
+        o0, o1 = hash_off[i0] - base, hash_off[i1] - base
+        o2, o3 = hash_off[i2] - base, hash_off[i3] - base
         common = min(min(n0, n1), min(n2, n3))
         for b in range(common):
             for t in range(b * B, (b + 1) * B):

@@ -28,7 +28,7 @@ in this trace (the silent attacker of a no-attack control).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -64,13 +64,63 @@ class TraceError(ValueError):
 _LIST_COLUMNS = ("segment_ids", "segment_lengths")
 
 
+class Segments(NamedTuple):
+    """The prompt segments of a whole trace as flat arrays (all int64): request ``i``'s segment
+    ids are ``ids[offsets[i]:offsets[i + 1]]`` and their lengths in tokens
+    ``lengths[offsets[i]:offsets[i + 1]]``; ``offsets`` has ``len(trace) + 1`` entries, from
+    0. The columnar form every hot path reads (prompt lengths, validation, the engine's token
+    and hash kernels): no Python per request."""
+
+    ids: np.ndarray
+    lengths: np.ndarray
+    offsets: np.ndarray
+
+
+def flatten_cells(column) -> tuple[np.ndarray, np.ndarray]:
+    """``(values, counts)`` of a list column: its cells one after another (int64) and each
+    cell's length (int64). C loops over the cells (``len``, ``np.concatenate``), no Python
+    bytecode per cell."""
+    cells = column.tolist() if hasattr(column, "tolist") else list(column)
+    counts = np.fromiter(map(len, cells), dtype=np.int64, count=len(cells))
+    if not cells or not counts.any():
+        return np.zeros(0, dtype=np.int64), counts
+    return np.concatenate(cells).astype(np.int64, copy=False), counts
+
+
+def offsets_of(counts: np.ndarray) -> np.ndarray:
+    """``[0, cumsum(counts)...]`` (int64, ``len(counts) + 1`` entries)."""
+    off = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=off[1:])
+    return off
+
+
+def cells_of(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """An object array of ``len(offsets) - 1`` cells, cell ``i`` an int64 array equal to
+    ``values[offsets[i]:offsets[i + 1]]``: the cells of a list column built from its flat form.
+
+    Rows of one width are gathered into one 2-D array whose rows become the cells (views into
+    it): numpy makes the views in C, where slicing cell by cell costs a Python call each.
+    """
+    counts = np.diff(offsets)
+    n = len(counts)
+    out = np.empty(n, dtype=object)
+    for width in np.flatnonzero(np.bincount(counts)):  # a few widths, not one pass per row
+        rows = np.flatnonzero(counts == width)
+        idx = offsets[rows][:, None] + np.arange(width, dtype=np.int64)[None, :]
+        block = np.ascontiguousarray(values[idx], dtype=np.int64)
+        out[rows] = np.fromiter(iter(block), dtype=object, count=len(rows))
+    return out
+
+
 def build_requests(columns: dict[str, Any]) -> pd.DataFrame:
     """A request table with exactly the dtypes of ``TRACE_COLUMNS`` (columns in that order).
 
     Args:
         columns: every name of ``TRACE_COLUMNS`` mapped to a sequence of equal length; list
-            columns hold one int sequence per row (stored as numpy int64 arrays). Extra names
-            are appended after the schema columns unchanged.
+            columns hold one int sequence per row (stored as numpy int64 arrays), or are
+            :class:`Segments` (both list columns from one flat form; the cells are built from
+            it without a Python step per row). Extra names are appended after the schema
+            columns unchanged.
     """
     missing = [c for c in TRACE_COLUMNS if c not in columns]
     if missing:
@@ -79,18 +129,32 @@ def build_requests(columns: dict[str, Any]) -> pd.DataFrame:
     for name, dtype in TRACE_COLUMNS.items():
         col = columns[name]
         if name in _LIST_COLUMNS:
+            if isinstance(col, Segments):
+                flat = col.ids if name == "segment_ids" else col.lengths
+                data[name] = cells_of(flat, col.offsets)
+                continue
             arr = np.empty(len(col), dtype=object)
             for i, x in enumerate(col):
                 arr[i] = np.array(x, dtype=np.int64)
             data[name] = arr
         elif dtype == "string":
-            data[name] = pd.array(list(col), dtype="string")
+            data[name] = _string_array(col)
         else:
             data[name] = np.asarray(col, dtype=dtype)
     for name, col in columns.items():
         if name not in data:
             data[name] = col
     return pd.DataFrame(data)
+
+
+def _string_array(col) -> pd.api.extensions.ExtensionArray:
+    """``pd.array(list(col), dtype="string")``, converting each distinct value once: a
+    trace's string columns hold a few names repeated over millions of rows."""
+    codes, uniques = pd.factorize(np.asarray(col, dtype=object), use_na_sentinel=False)
+    if len(uniques) == len(codes):  # nothing repeats: the plain conversion costs the same
+        return pd.array(list(col), dtype="string")
+    names = pd.array(list(uniques), dtype="string")
+    return names.take(codes)
 
 
 MAX_VOCAB_SIZE = 2 ** 31
@@ -112,9 +176,37 @@ class Trace:
     seed: int = 0
     vocab_size: int = DEFAULT_VOCAB_SIZE
     meta: dict[str, Any] = field(default_factory=dict)
+    # The flat form of the list columns (see segments()), kept with the frame it was taken
+    # from: a trace is never edited in place (transforms build a new frame), so the frame's
+    # identity says whether the cache still holds.
+    _segments: Segments | None = field(default=None, init=False, repr=False, compare=False)
+    _segments_of: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.requests)
+
+    def segments(self) -> Segments:
+        """The prompt segments as flat arrays (:class:`Segments`), built once per request
+        table (generators hand theirs over; other traces flatten their cells on first use).
+
+        Raises:
+            TraceError: a row's ``segment_ids`` and ``segment_lengths`` differ in length.
+        """
+        if self._segments is None or self._segments_of is not self.requests:
+            ids, n_ids = flatten_cells(self.requests["segment_ids"])
+            lens, n_lens = flatten_cells(self.requests["segment_lengths"])
+            bad = np.flatnonzero(n_ids != n_lens)
+            if bad.size:
+                i = int(bad[0])
+                raise TraceError(f"row {i}: fields segment_ids and segment_lengths must be of "
+                                 f"equal length ({n_ids[i]} vs {n_lens[i]})")
+            self.set_segments(Segments(ids, lens, offsets_of(n_ids)))
+        return self._segments
+
+    def set_segments(self, segments: Segments) -> None:
+        """Hand over the flat form of the current request table's list columns (the caller
+        built both from the same arrays; :meth:`segments` then returns these)."""
+        self._segments, self._segments_of = segments, self.requests
 
     def validate(self, source: str = "<trace>") -> "Trace":
         """Check columns, dtypes and value ranges; raise :class:`TraceError` naming row and field."""
@@ -149,7 +241,9 @@ class Trace:
             raise TraceError(f"{source}: row {int(dec[0]) + 1}: field arrival_s decreases "
                              f"({arr[dec[0]]} then {arr[dec[0] + 1]}); traces are sorted by arrival")
         rid = df["request_id"].to_numpy()
-        if len(np.unique(rid)) != len(rid):
+        # ids numbered in arrival order (every generator and importer) are increasing: no
+        # sort or hash needed to see that they are distinct
+        if not (np.diff(rid) > 0).all() and len(np.unique(rid)) != len(rid):
             raise TraceError(f"{source}: field request_id has duplicate values")
         bad = np.flatnonzero(rid < 0)
         if bad.size:
@@ -165,19 +259,41 @@ class Trace:
         if bad.size:
             raise TraceError(f"{source}: row {int(bad[0])}: field output_tokens must be >= 1, "
                              f"got {out[bad[0]]}")
-        roles = df["role"].astype(str).to_numpy()
-        bad = np.flatnonzero(~np.isin(roles, ROLES))
+        # each distinct role checked once: the column repeats three names
+        codes, uniques = pd.factorize(df["role"].astype(str).to_numpy(), use_na_sentinel=False)
+        bad = np.flatnonzero(~np.isin(np.asarray(uniques, dtype=str), ROLES)[codes])
         if bad.size:
             raise TraceError(f"{source}: row {int(bad[0])}: field role must be one of "
-                             f"{'|'.join(ROLES)}, got {roles[bad[0]]!r}")
-        for i, (ids, lens) in enumerate(zip(df["segment_ids"], df["segment_lengths"])):
-            if len(ids) != len(lens) or len(ids) == 0:
-                raise TraceError(f"{source}: row {i}: fields segment_ids and segment_lengths must be "
-                                 f"non-empty and of equal length ({len(ids)} vs {len(lens)})")
-            if np.min(lens) < 1:
+                             f"{'|'.join(ROLES)}, got {str(uniques[codes[bad[0]]])!r}")
+        if self._segments is not None and self._segments_of is self.requests:
+            # the cells were built from these flat arrays (RequestRows.finish): check those
+            seg = self._segments
+            n_ids = n_lens = np.diff(seg.offsets)
+            ids, lens = seg.ids, seg.lengths
+        else:
+            ids, n_ids = flatten_cells(df["segment_ids"])
+            lens, n_lens = flatten_cells(df["segment_lengths"])
+        # the first row with any fault, and its first fault in the order the checks are listed
+        uneven = (n_ids != n_lens) | (n_ids == 0)
+        first = {}
+        if uneven.any():
+            first["uneven"] = int(np.argmax(uneven))
+        rows = np.repeat(np.arange(len(df), dtype=np.int64), n_lens)
+        if (lens < 1).any():
+            first["lengths"] = int(rows[np.argmax(lens < 1)])
+        rows = np.repeat(np.arange(len(df), dtype=np.int64), n_ids)
+        if (ids < 0).any():
+            first["ids"] = int(rows[np.argmax(ids < 0)])
+        if first:
+            i = min(first.values())
+            if first.get("uneven") == i:
+                raise TraceError(f"{source}: row {i}: fields segment_ids and segment_lengths must "
+                                 f"be non-empty and of equal length ({n_ids[i]} vs {n_lens[i]})")
+            if first.get("lengths") == i:
                 raise TraceError(f"{source}: row {i}: field segment_lengths must be > 0")
-            if np.min(ids) < 0:
-                raise TraceError(f"{source}: row {i}: field segment_ids must be >= 0")
+            raise TraceError(f"{source}: row {i}: field segment_ids must be >= 0")
+        if self._segments is None or self._segments_of is not self.requests:
+            self.set_segments(Segments(ids, lens, offsets_of(n_ids)))
         return self
 
     def equals(self, other: "Trace") -> bool:
@@ -189,7 +305,8 @@ class Trace:
             return False
         for name in a.columns:
             if name in _LIST_COLUMNS:
-                if not all(np.array_equal(x, y) for x, y in zip(a[name], b[name])):
+                (x, nx), (y, ny) = flatten_cells(a[name]), flatten_cells(b[name])
+                if not (np.array_equal(nx, ny) and np.array_equal(x, y)):
                     return False
             elif not a[name].reset_index(drop=True).equals(b[name].reset_index(drop=True)):
                 return False
@@ -208,5 +325,7 @@ class Trace:
 
     def prompt_lengths(self) -> np.ndarray:
         """Prompt length in tokens of every request (int64)."""
-        return np.fromiter((int(np.sum(x)) for x in self.requests["segment_lengths"]),
-                           dtype=np.int64, count=len(self.requests))
+        seg = self.segments()
+        summed = np.zeros(len(seg.lengths) + 1, dtype=np.int64)
+        np.cumsum(seg.lengths, out=summed[1:])
+        return summed[seg.offsets[1:]] - summed[seg.offsets[:-1]]

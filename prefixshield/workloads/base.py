@@ -243,10 +243,14 @@ def periodic_times(rate: float, start: float, end: float, limit: int | None = No
 
 
 def prefix_suffix_prompts(prefix_seg: np.ndarray, prefix_tokens: int, suffix_seg: np.ndarray,
-                          suffix_len: np.ndarray) -> tuple[list, list]:
-    """Per-row segment id and length lists of ``[prefix, suffix]`` prompts."""
-    ids = [np.array([p, s], dtype=np.int64) for p, s in zip(prefix_seg, suffix_seg)]
-    lens = [np.array([prefix_tokens, s], dtype=np.int64) for s in suffix_len]
+                          suffix_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Segment ids and lengths (tokens) of ``[prefix, suffix]`` prompts: two ``(n, 2)`` int64
+    arrays, row ``i`` = request ``i`` (the 2-D form :meth:`RequestRows.add` takes whole)."""
+    suffix_len = np.asarray(suffix_len, dtype=np.int64)
+    ids = np.stack([np.asarray(prefix_seg, dtype=np.int64),
+                    np.asarray(suffix_seg, dtype=np.int64)], axis=1)
+    lens = np.stack([np.full(len(suffix_len), prefix_tokens, dtype=np.int64), suffix_len],
+                    axis=1)
     return ids, lens
 
 

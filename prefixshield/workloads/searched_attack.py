@@ -449,9 +449,9 @@ def searched_attack(params: SearchedAttackParams | None = None) -> Trace:
     rows = RequestRows()
     victim, w0, w1 = victim_and_window(p, rows)
     rows.declare(p.attacker_group, p.attacker_contract)
-    victim_t = np.sort(np.concatenate([a for a, r, m in zip(
-        rows.cols["arrival_s"], rows.cols["role"], rows.cols["measured"])
-        if len(r) and r[0] == "victim"] or [np.empty(0)]))
+    victim_t = np.sort(np.concatenate([a for a, (r, _) in zip(rows.cols["arrival_s"],
+                                                              rows.roles())
+                                       if r == "victim"] or [np.empty(0)]))
     victim_t = victim_t[victim_t >= victim["measure_start_s"]]
     if not p.attack:   # the control: the attacker configured, silent, never generated
         meta = attack_meta("searched_attack", p, victim, 0.0, (w0, w1), attacker_requests=0,
@@ -480,7 +480,7 @@ def searched_attack(params: SearchedAttackParams | None = None) -> Trace:
             segment_ids(GI_ATTACKER, SegmentKind.SUFFIX, local), suffix_len[local])
         rows.add(t[sel], p.attacker_group, names[c], "attacker", local, True, out[sel], ids,
                  lens)
-        prompt_tokens += int(sum(int(np.sum(x)) for x in lens))
+        prompt_tokens += int(lens.sum())
     window = w1 - w0
     kinds = plan["kind"]
     used = {names[c] for c in np.unique(plan["contract"])} or {p.attacker_contract}

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from prefixshield.traces.rows import RequestRows
+from prefixshield.traces.rows import FlatRows, RequestRows
 from prefixshield.traces.schema import Trace
 from prefixshield.traces.segments import SegmentKind, segment_ids
 from prefixshield.traces.shipped import (busiest_hour_start, mean_rate, rate_shares,
@@ -186,16 +186,17 @@ def servegen(params: ServeGenParams | None = None) -> Trace:
             prompt[j], out[j] = _draw_lengths(rng, client, float(tj), 1, p.max_request_tokens)
         sys_seg = int(segment_ids(gi, SegmentKind.SYSTEM, [0])[0])
         uniq = segment_ids(gi, SegmentKind.SUFFIX, np.arange(n))
-        ids, lens = [], []
         s = p.system_prompt_tokens
         shared = (prompt > s) if s else np.zeros(n, dtype=bool)
-        for j in range(n):
-            if shared[j]:
-                ids.append([sys_seg, uniq[j]])
-                lens.append([s, int(prompt[j]) - s])
-            else:
-                ids.append([uniq[j]])
-                lens.append([int(prompt[j])])
+        # [system, unique] where the prompt is longer than the system prompt, else [unique]:
+        # both laid out flat, each row's segments at 2 * row (a gap left where no system one)
+        ids2 = np.stack([np.full(n, sys_seg, dtype=np.int64), uniq], axis=1)
+        lens2 = np.stack([np.full(n, s, dtype=np.int64), np.where(shared, prompt - s, prompt)],
+                         axis=1)
+        keep = np.ones((n, 2), dtype=bool)
+        keep[:, 0] = shared
+        per_row = 1 + shared.astype(np.int64)
+        ids, lens = FlatRows(ids2[keep], per_row), FlatRows(lens2[keep], per_row)
         pid = np.where(shared, 0, 1 + np.arange(n)).astype(np.int64)
         rel = t - start
         rows.add(rel, group, p.contract, "benign", pid, rel >= p.warmup_s, out, ids, lens)

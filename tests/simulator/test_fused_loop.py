@@ -286,24 +286,43 @@ def test_fused_loop_applies_only_where_it_is_exact():
 
     assert not engine(cost=Recorded()).fused_applies()
     small = engine()
-    small.FUSED_MAX_HASHES = 10
-    assert not small.fused_applies()
+    small.FUSED_WINDOW_HASHES = 10   # the window no longer picks the path
+    assert small.fused_applies()
 
 
-def test_the_fused_hash_budget_follows_the_machine_memory_above_its_floor(monkeypatch):
-    # 1/16 of physical memory at 12 bytes a hash; 2**24 where memory is small or unknown
-    gib = 1 << 30
-    pages = {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 24 * gib // 4096}
-    monkeypatch.setattr(os, "sysconf", lambda name: pages[name])
-    assert engine_module.fused_hash_budget() == 24 * gib // 16 // 12
-    pages["SC_PHYS_PAGES"] = 2 * gib // 4096
-    assert engine_module.fused_hash_budget() == 1 << 24
+@pytest.mark.parametrize("policy", FUSED_POLICIES)
+@pytest.mark.parametrize("window", [1, 37, 400])
+def test_windowed_fused_loop_gives_the_unwindowed_run(policy, window):
+    # Hashes and tables held a few requests at a time (1 hash: every arrival slides the
+    # window; 37: windows of a few requests, 400: a few dozen) give the run of the whole
+    # trace at once, bit for bit: records, pool, policy state, series; requests still waiting
+    # or decoding when a window slides keep their hashes and tables.
+    trace = small_trace("one_touch", seed=2)
+    config = EngineConfig(num_blocks=320)
+    whole = Engine(trace, make_policy(policy, 320), PROFILE_COST, config)
+    want = whole.run()
+    assert whole.num_windows == 1
+    windowed = Engine(trace, make_policy(policy, 320), PROFILE_COST, config)
+    windowed.FUSED_WINDOW_HASHES = window
+    assert_same_run(want, windowed.run())
+    assert_same_pool(whole, windowed)
+    assert windowed.num_windows > 3
 
-    def unknown(name):
-        raise ValueError(name)
 
-    monkeypatch.setattr(os, "sysconf", unknown)
-    assert engine_module.fused_hash_budget() == 1 << 24
+def test_windowed_fused_loop_under_preemption_and_checks():
+    rows = [dict(segment_ids=[i % 3], segment_lengths=[20 + 7 * (i % 4)], output_tokens=40,
+                 arrival_s=0.004 * i) for i in range(40)]
+    for compat in COMPATS:
+        config = EngineConfig(num_blocks=14, vllm_compat=compat, check_invariants=True)
+        want = Engine(make_trace(rows), make_policy("lru", 14, vllm_compat=compat),
+                      PROFILE_COST, config, batched=False).run()
+        engine = Engine(make_trace(rows), make_policy("lru", 14, vllm_compat=compat),
+                        PROFILE_COST, config)
+        engine.FUSED_WINDOW_HASHES = 3
+        got = engine.run()
+        assert got.records["preemptions"].sum() > 0
+        assert engine.num_windows > 5
+        assert_same_run(want, got)
 
 
 def test_observed_runs_take_the_per_step_path_with_the_same_results():
@@ -330,11 +349,21 @@ def test_build_hashes_equals_the_token_builder_and_chain(workload):
     fz.build_hashes(np.int64(tr.seed), np.int64(tr.vocab_size), engine._seg_ids_flat,
                     engine._seg_lens_flat, engine._seg_offsets, engine.output_segment_id,
                     engine.output_tokens, np.int64(tr.seed ^ 0x0DEC0DE), engine.group_id,
-                    np.int64(B), np.int64(0), hash_off, got)
+                    np.int64(B), np.int64(0), hash_off, got, np.int64(0), np.int64(len(tr)),
+                    np.int64(0))
     for i in range(len(trace)):
         seq = engine._make_sequence(i)
         want = chain_block_hashes(seq.token_ids, seq.token_ids.shape[0], B, seq.group, 0)
         assert np.array_equal(got[hash_off[i]:hash_off[i + 1]], want), i
+    # a range of requests into a buffer of its own (a window): the same hashes
+    lo, hi = len(tr) // 3, 2 * len(tr) // 3
+    part = np.zeros(int(hash_off[hi] - hash_off[lo]), dtype=np.uint64)
+    fz.build_hashes(np.int64(tr.seed), np.int64(tr.vocab_size), engine._seg_ids_flat,
+                    engine._seg_lens_flat, engine._seg_offsets, engine.output_segment_id,
+                    engine.output_tokens, np.int64(tr.seed ^ 0x0DEC0DE), engine.group_id,
+                    np.int64(B), np.int64(0), hash_off, part, np.int64(lo), np.int64(hi),
+                    hash_off[lo])
+    assert np.array_equal(part, got[hash_off[lo]:hash_off[hi]])
 
 
 def test_check_tables_names_a_corrupt_row():
@@ -349,7 +378,7 @@ def test_check_tables_names_a_corrupt_row():
     ref_cnt = np.zeros(6, dtype=np.int32)
     block_hash = np.zeros(6, dtype=np.uint64)
     counts = np.zeros(6, dtype=np.int64)
-    args = (table, table_off, hashes, hash_off, ref_cnt, block_hash, counts)
+    args = (table, table_off, hashes, hash_off, ref_cnt, block_hash, counts, 0, 0)
     ref_cnt[[3, 4]] = 1
     assert fz.check_tables(state, run_ids, 1, *args) == -1
     ref_cnt[4] = 2
