@@ -261,8 +261,9 @@ def _scheduler_options(fn):
 
 def _fleet_options(fn):
     """``--replicas``, ``--router``, ``--router-imbalance``, ``--router-match``,
-    ``--router-key``, ``--fleet-mode``, ``--ledger``, ``--ledger-staleness``: a fleet of engines behind a router, handed to the
-    command as one ``fleet`` argument (a :class:`~prefixshield.fleet.config.FleetConfig`, or
+    ``--router-key``, ``--fleet-mode``, ``--ledger``, ``--ledger-staleness``: a fleet of
+    engines behind a router (and where PrefixShield's ledger lives), handed to the command as
+    one ``fleet`` argument (a :class:`~prefixshield.fleet.config.FleetConfig`, or
     None without ``--replicas``). Bad values are a one-line error naming the option before any
     work."""
     from prefixshield.fleet.config import MAX_REPLICAS, MODES
