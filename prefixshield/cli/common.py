@@ -261,17 +261,20 @@ def _scheduler_options(fn):
 
 def _fleet_options(fn):
     """``--replicas``, ``--router``, ``--router-imbalance``, ``--router-match``,
-    ``--router-key``, ``--fleet-mode``: a fleet of engines behind a router, handed to the
-    command as one ``fleet`` argument (a :class:`~prefixshield.fleet.config.FleetConfig`, or
+    ``--router-key``, ``--fleet-mode``, ``--ledger``, ``--ledger-staleness``: a fleet of
+    engines behind a router (and where PrefixShield's ledger lives), handed to the command as
+    one ``fleet`` argument (a :class:`~prefixshield.fleet.config.FleetConfig`, or
     None without ``--replicas``). Bad values are a one-line error naming the option before any
     work."""
     from prefixshield.fleet.config import MAX_REPLICAS, MODES
+    from prefixshield.fleet.ledger import LEDGERS, MAX_STALENESS_S
 
     @functools.wraps(fn)
     def wrapper(*args, replicas, router, router_imbalance, router_match, router_key,
-                fleet_mode, **kwargs):
+                fleet_mode, ledger, ledger_staleness, **kwargs):
         return fn(*args, fleet=_fleet_config(replicas, router, router_imbalance, router_match,
-                                             router_key, fleet_mode), **kwargs)
+                                             router_key, fleet_mode, ledger, ledger_staleness),
+                  **kwargs)
 
     opts = [
         click.option("--replicas", type=count(1, MAX_REPLICAS), default=None,
@@ -295,20 +298,31 @@ def _fleet_options(fn):
                      help="split: replicas run independently on their share of the trace "
                           "(routers that read no replica state); lockstep: one loop advances "
                           "every replica to each arrival; auto picks [default: auto]."),
+        click.option("--ledger", type=click.Choice(list(LEDGERS)), default=None,
+                     help="PrefixShield's debt buckets: one set per replica (what a deployment "
+                          "gets with no shared state) or one per group and contract for the "
+                          "whole fleet (runs in lockstep; other policies have no ledger) "
+                          "[default: replica]."),
+        click.option("--ledger-staleness", type=finite(0, MAX_STALENESS_S), default=None,
+                     metavar="S",
+                     help="With --ledger fleet: seconds before a charge made on one replica "
+                          "reaches the others (a shared counter's propagation delay) "
+                          "[default: 0]."),
     ]
     for opt in reversed(opts):
         wrapper = opt(wrapper)
     return wrapper
 
 
-def _fleet_config(replicas, router, imbalance, match, key, mode):
+def _fleet_config(replicas, router, imbalance, match, key, mode, ledger=None, staleness=None):
     """The options of :func:`_fleet_options` -> a ``FleetConfig`` or None; a bad value is a
     ``click.BadParameter`` naming its option."""
     from prefixshield.fleet.config import FleetConfig
     from prefixshield.fleet.routers.base import ROUTERS, RouterConfig
 
     given = {"--router": router, "--router-imbalance": imbalance, "--router-match": match,
-             "--router-key": key, "--fleet-mode": mode}
+             "--router-key": key, "--fleet-mode": mode, "--ledger": ledger,
+             "--ledger-staleness": staleness}
     if replicas is None:
         extra = [k for k, v in given.items() if v is not None]
         if extra:
@@ -324,13 +338,16 @@ def _fleet_config(replicas, router, imbalance, match, key, mode):
         if value is not None and name != reader:
             raise click.BadParameter(f"{opt} is read by --router {reader}, not {name}",
                                      param_hint=opt)
+    if staleness is not None and ledger != "fleet":
+        raise click.BadParameter("needs --ledger fleet", param_hint="--ledger-staleness")
     defaults = RouterConfig()
     cfg = RouterConfig(name=name,
                        imbalance=defaults.imbalance if imbalance is None else imbalance,
                        match_ratio=defaults.match_ratio if match is None else match,
                        session_key=key or defaults.session_key)
     try:
-        fleet = FleetConfig(replicas=replicas, router=cfg, mode=mode or "auto")
+        fleet = FleetConfig(replicas=replicas, router=cfg, mode=mode or "auto",
+                            ledger=ledger or "replica", ledger_staleness_s=staleness or 0.0)
         fleet.resolved_mode()
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--fleet-mode") from None

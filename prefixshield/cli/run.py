@@ -320,8 +320,10 @@ def _print_fleet(results) -> None:
     for label, r in results.items():
         rec = with_bound(r)
         s = fleet_summary(r, rec)
-        title = (f"{label}: {s['replicas']} replicas, router {s['router']} ({s['mode']}); "
-                 f"load max/mean {s['max_over_mean_requests']:.2f}")
+        ledger = ("" if s["ledger"] == "replica"
+                  else f", fleet ledger (staleness {s['ledger_staleness_s']:g} s)")
+        title = (f"{label}: {s['replicas']} replicas, router {s['router']} ({s['mode']}"
+                 f"{ledger}); load max/mean {s['max_over_mean_requests']:.2f}")
         t = Table(title=title)
         cols = ["replica", "requests", "hit ratio", "bound", "token hit", "token bound",
                 "P95 TTFT (s)", "mean queue (s)", "P95 queue (s)", "new blocks",

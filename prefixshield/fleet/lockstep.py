@@ -4,24 +4,63 @@ decides where it goes.
 Each replica keeps its own SimPy environment (a :class:`~prefixshield.fleet.replica.
 LockstepReplica`); for each request in arrival order the loop (1) advances every replica
 through its events that come before the arrival, (2) asks the router, which reads the replicas
-as they are at that instant, (3) delivers the request to the chosen replica. Replicas never
-interact except through the router, so one environment each (instead of one shared) keeps every
-replica's event order exactly a single engine's (see :mod:`prefixshield.fleet.slots`).
+as they are at that instant, (3) delivers the request to the chosen replica. With a per-replica
+ledger, replicas never interact except through the router, so one environment each (instead of
+one shared) keeps every replica's event order exactly a single engine's (see
+:mod:`prefixshield.fleet.slots`), and each replica is advanced on its own.
+
+A fleet-wide ledger (:mod:`prefixshield.fleet.ledger`) couples the replicas between arrivals:
+a charge made on one replica changes the buckets the others read. The loop then merges the
+replicas' event queues and the ledger's deliveries into one time order (the earliest event
+first; at one instant a delivery before events, events by replica index), so a charge at ``t``
+reaches the other replicas before any of their events after ``t`` (at zero staleness; at
+``t + staleness`` with one). A replica's own events keep the single engine's order. A decode
+jump that waits for the router is settled as soon as no arrival can shorten it (rather than
+once its replica has no earlier event), because its end may come before other replicas'
+events; one that an arrival can shorten ends at or after that arrival, after every event the
+loop processed.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from prefixshield.fleet.ledger import FleetLedger
 from prefixshield.fleet.replica import LockstepReplica
 from prefixshield.fleet.routers.base import Router
 
 
+def _advance_merged(replicas: list[LockstepReplica], ledger: FleetLedger, t: float) -> None:
+    """Process, in one time order, every replica's events before an arrival at ``t`` could be
+    and the ledger's deliveries due no later than the last of them (``t = inf``: to the end)."""
+    limits = [rep.horizon(t) for rep in replicas]
+    for rep in replicas:
+        rep.jump_settles(t)
+    while True:
+        best, at = -1, math.inf
+        for r, rep in enumerate(replicas):
+            e = rep.env.peek()
+            if e < limits[r] and e < at:
+                best, at = r, e
+        if best < 0:
+            return
+        if ledger.next_due() <= at:
+            ledger.deliver_next()
+            continue
+        rep = replicas[best]
+        rep.env.step()
+        rep.jump_settles(t)
+
+
 def run_lockstep(replicas: list[LockstepReplica], router: Router,
-                 arrival_s: np.ndarray) -> np.ndarray:
+                 arrival_s: np.ndarray, ledger: FleetLedger | None = None) -> np.ndarray:
     """Route every row of the trace through ``router`` to ``replicas`` (built over the whole
     trace) and run them to the end. Returns the replica of every row (int64). An engine error
-    of any replica (a request it can never admit) is raised."""
+    of any replica (a request it can never admit) is raised. ``ledger``: the replicas' policies
+    share it (one time order over all replicas, see the module doc); None: each replica is
+    advanced on its own, as a single engine."""
     n = arrival_s.shape[0]
     assignment = np.empty(n, dtype=np.int64)
     for rep in replicas:
@@ -29,8 +68,11 @@ def run_lockstep(replicas: list[LockstepReplica], router: Router,
     views = replicas if router.reads_state else None
     for i in range(n):
         t = arrival_s[i]
-        for rep in replicas:
-            rep.advance(t)
+        if ledger is not None:
+            _advance_merged(replicas, ledger, t)
+        else:
+            for rep in replicas:
+                rep.advance(t)
         r = router.route(i, views)
         if not 0 <= r < len(replicas):
             raise RuntimeError(f"router {router.name} chose replica {r} of {len(replicas)}")
@@ -38,6 +80,9 @@ def run_lockstep(replicas: list[LockstepReplica], router: Router,
         replicas[r].deliver(i)
     for rep in replicas:
         rep.close()
+    if ledger is not None:
+        _advance_merged(replicas, ledger, math.inf)
+        ledger.flush()
     for rep in replicas:
         rep.finish()
     return assignment

@@ -89,9 +89,10 @@ def replica_evictions(result: RunResult) -> dict[int, pd.DataFrame]:
 
 
 def fleet_summary(result: RunResult, rec: pd.DataFrame | None = None) -> dict:
-    """Fleet-wide headline numbers: ``replicas``, ``router``, ``mode``, ``bound_hit_ratio``
-    and ``bound_token_hit_ratio`` over the judged population (victims if any, else all
-    measured), and the load spread ``max_over_mean_requests`` (1.0 = even)."""
+    """Fleet-wide headline numbers: ``replicas``, ``router``, ``mode``, ``ledger`` (``fleet``
+    where the replicas shared PrefixShield's buckets) and ``ledger_staleness_s`` (s),
+    ``bound_hit_ratio`` and ``bound_token_hit_ratio`` over the judged population (victims if
+    any, else all measured), and the load spread ``max_over_mean_requests`` (1.0 = even)."""
     from prefixshield.simulator.metrics import population
 
     fl = result.fleet
@@ -99,6 +100,9 @@ def fleet_summary(result: RunResult, rec: pd.DataFrame | None = None) -> dict:
     pop = population(rec)
     counts = np.bincount(rec["replica"].to_numpy(), minlength=fl.config.replicas)
     return {"replicas": fl.config.replicas, "router": fl.config.router.name, "mode": fl.mode,
+            # "fleet" only where a ledger was shared (a PrefixShield run)
+            "ledger": "fleet" if fl.ledger is not None else "replica",
+            "ledger_staleness_s": fl.ledger.staleness_s if fl.ledger is not None else 0.0,
             "bound_hit_ratio": _figures(pop)["bound_hit_ratio"],
             "bound_token_hit_ratio": _figures(pop)["bound_token_hit_ratio"],
             "max_over_mean_requests": (float(counts.max() / counts.mean())

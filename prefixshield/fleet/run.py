@@ -13,11 +13,13 @@ import pandas as pd
 
 from prefixshield.fleet.config import FleetConfig
 from prefixshield.fleet.hashes import trace_hashes
+from prefixshield.fleet.ledger import FleetLedger
 from prefixshield.fleet.lockstep import run_lockstep
 from prefixshield.fleet.replica import LockstepReplica
 from prefixshield.fleet.routers.base import make_router
 from prefixshield.fleet.split import sub_trace
 from prefixshield.policies.base import Policy
+from prefixshield.policies.prefixshield import PrefixShieldPolicy
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import CostModel
 from prefixshield.simulator.engine import Engine, RunResult
@@ -47,6 +49,9 @@ class FleetRun:
     hashes: np.ndarray
     hash_offsets: np.ndarray
     block_size: int
+    ledger: FleetLedger | None = None
+    """The fleet-wide ledger with its log of charges (a PrefixShield under ``ledger="fleet"``);
+    None: each replica kept its own buckets."""
 
 
 def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
@@ -58,7 +63,7 @@ def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
         trace: the requests (validated).
         make_policy: a fresh policy for one replica (called once per replica).
         cost, config, contracts: as for :class:`Engine`, the same for every replica.
-        fleet: replicas, router, mode.
+        fleet: replicas, router, mode, ledger.
 
     Returns:
         The merged result: records of every row (trace order) with a ``replica`` column,
@@ -67,21 +72,26 @@ def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
         ``fleet`` attribute is the :class:`FleetRun`. Raises
         :class:`~prefixshield.simulator.engine.EngineError` as a replica's engine does.
     """
-    mode = fleet.resolved_mode()
+    policies = [make_policy() for _ in range(fleet.replicas)]
+    # only PrefixShield keeps buckets; under any other policy the fleet ledger changes nothing
+    shared = fleet.ledger == "fleet" and isinstance(policies[0], PrefixShieldPolicy)
+    mode = fleet.resolved_mode(shares_ledger=shared)
     hashes, offsets, info = trace_hashes(trace, config)
     router = make_router(fleet.router, fleet.replicas, info, trace.seed)
+    ledger = None
     if mode == "split":
         assignment = router.assign_all(len(trace))
         results = []
         for r in range(fleet.replicas):
             rows = np.flatnonzero(assignment == r)
-            eng = Engine(sub_trace(trace, rows), make_policy(), cost, config,
+            eng = Engine(sub_trace(trace, rows), policies[r], cost, config,
                          contracts=contracts)
             results.append(eng.run())
     else:
-        reps = [LockstepReplica(trace, make_policy(), cost, config, contracts=contracts)
-                for _ in range(fleet.replicas)]
-        assignment = run_lockstep(reps, router, reps[0].arrival_s)
+        reps = [LockstepReplica(trace, p, cost, config, contracts=contracts) for p in policies]
+        # linked after the engines bind the tenants (binding resets the buckets)
+        ledger = FleetLedger(policies, fleet.ledger_staleness_s) if shared else None
+        assignment = run_lockstep(reps, router, reps[0].arrival_s, ledger)
         results = []
         for rep in reps:
             res = rep._result()
@@ -89,7 +99,7 @@ def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
             results.append(res)
     merged = merge(results, assignment)
     merged.fleet = FleetRun(fleet, mode, assignment, results, hashes, offsets,
-                            config.block_size)
+                            config.block_size, ledger)
     return merged
 
 

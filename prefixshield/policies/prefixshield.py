@@ -221,6 +221,11 @@ class PrefixShieldPolicy(Policy):
 
     name = "prefixshield"
 
+    _ledger = None
+    """A fleet-wide ledger this replica's charges are posted to (:meth:`link_ledger`); None:
+    the buckets are this policy's own (a copy or pickle is never linked)."""
+    _replica = 0
+
     def __init__(self, num_blocks: int, vllm_compat: str = "current", *,
                  segmentation: bool = True, debt_gate: bool = True, responsibility: bool = True,
                  epsilon: float = 1e-9, history_factor: float = 4.0,
@@ -358,7 +363,7 @@ class PrefixShieldPolicy(Policy):
         compiled entry are rebuilt over the copy's own buffer)."""
         derived = {attr for _, attr in self._VIEWS} | {
             "_packed", "_state_addr", "_state_nbytes", "_select_at", "_out", "_out_addr",
-            "_out_off", "_history_start"}
+            "_out_off", "_history_start", "_ledger", "_replica"}
         return {k: v for k, v in self.__dict__.items() if k not in derived}
 
     def __setstate__(self, state: dict) -> None:
@@ -433,6 +438,28 @@ class PrefixShieldPolicy(Policy):
         if known and k_req == K.NO_CLASS:
             self._requests[request_id] = int(k)
         self.debt_log.append(now, group, d, self.class_count)
+        if self._ledger is not None:
+            # what _materialize charged: every block, or the prompt blocks alone
+            free = 0 if self.charge_decode else min(max(int(num_decode), 0), len(blocks))
+            if len(blocks) > free:
+                self._ledger.post(self._replica, now, group, contract, len(blocks) - free)
+
+    def link_ledger(self, ledger, replica: int) -> None:
+        """Share the buckets of a fleet: every charge this policy makes is posted to
+        ``ledger`` (a :class:`prefixshield.fleet.ledger.FleetLedger`) as ``replica``'s, which
+        applies it to the other replicas' buckets (:meth:`remote_charge`)."""
+        self._ledger = ledger
+        self._replica = int(replica)
+
+    def remote_charge(self, group: int, contract: int, n: int, now: float) -> None:
+        """Take ``n > 0`` blocks from bucket (group, contract) at ``now`` seconds for a charge
+        another replica of a fleet-wide ledger made (the balance, debt and reclamation order
+        change as after a charge of this policy's own; the ``charged_blocks`` counts and the
+        debt log keep this policy's own charges only)."""
+        self._check(group, contract)
+        if n <= 0:
+            raise ValueError(f"remote_charge: n must be > 0 blocks, got {n}")
+        K.remote_charge(self._state, int(n), group, contract, self._tick(now))
 
     def on_request_finished(self, request_id: int) -> None:
         """Request ``request_id`` ended: forget its admission."""

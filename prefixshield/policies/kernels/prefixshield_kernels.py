@@ -517,11 +517,18 @@ def prefix_key(source, declared, root):
 @njit(cache=True, inline="always")
 def _charge(s, n, g, c, t):
     """Charge ``n > 0`` new blocks to bucket (g, c) at ``t``: the balance, the debtor list and
-    the debt bound."""
+    the debt bound (:func:`_meter`), and the blocks this policy charged."""
+    s.charged[g, c] += n
+    _meter(s, n, g, c, t)
+
+
+@njit(cache=True, inline="always")
+def _meter(s, n, g, c, t):
+    """Take ``n > 0`` blocks from bucket (g, c) at ``t``: the balance, the debtor list and the
+    debt bound (no counter: a fleet ledger's charge made on another replica comes here)."""
     old = s.bal[g, c]
     s.bal[g, c] = effective_balance(old, s.t0[g, c], s.rho[c], s.beta[c], t) - n
     s.t0[g, c] = t
-    s.charged[g, c] += n
     if s.bal[g, c] < 0.0:
         _add_debtor(s, g)
     if old < 0.0 or s.bal[g, c] < 0.0:  # else no term of the bound changed
@@ -531,6 +538,14 @@ def _charge(s, n, g, c, t):
             # every bucket has B >= 0 (or a term too small to round above 0, so P = 0 too):
             # P_g = 0 at any clock until g's next charge
             _drop_debtor(s, g)
+
+
+@njit(cache=True)
+def remote_charge(st, n, g, c, t):
+    """A fleet ledger's charge of ``n > 0`` blocks to bucket (g, c) made by another replica,
+    applied here at ``t`` seconds (:func:`_meter`); ``charged`` keeps counting this policy's
+    own charges only, so invariant I1 stays per replica."""
+    _meter(state(st), n, g, c, t)
 
 
 @njit(cache=True, inline="always")
