@@ -9,7 +9,6 @@ with wider CIs.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from prefixshield.experiments.spec import Experiment
@@ -52,11 +51,6 @@ FLEET_REPLICAS = 8
 FLEET_ROUTERS = ("round_robin", "random", "session", "least_loaded", "prefix_affinity",
                  "kv_aware")
 """Routers of the fleet table (all registered ones)."""
-QUICK_FLEET_ROUTERS = ("round_robin", "session", "kv_aware")
-"""``--quick``: one router that spreads blindly, the one an attacker can aim through, and one
-that reads the caches (lockstep runs cost ~10x a split run a request)."""
-QUICK_FLEET_SEEDS = 2
-"""``--quick``: paired seeds of the fleet table."""
 READING_CASES = (("one_touch", "lru", (512, 4096)), ("low_and_slow", "lru", (512,)),
                  ("sharegpt", "s3fifo", (512,)))
 """The readings table's cases: (workload, the baseline PrefixShield is compared with, blocks)."""
@@ -127,19 +121,15 @@ def reproduce_experiments(quick: bool = False, seeds: int | None = None,
     for key, _, fields in SCHEDULER_SETTINGS[1:]:
         for w in SCHEDULER_BENIGN:
             out.append(exp(f"sched-{key}-{w}", w, ALL, f"{w} under {key}", base_extra=fields))
-    fleet_routers = QUICK_FLEET_ROUTERS if quick else FLEET_ROUTERS
-    fleet_seeds = seed_list[:QUICK_FLEET_SEEDS] if quick else seed_list
-    fleet_base = {"replicas": FLEET_REPLICAS}
-    out.append(dataclasses.replace(
-        exp("fleet-attack", "one_touch", ALL,
-            f"one_touch over {FLEET_REPLICAS} replicas: aimed and spread attacker",
-            grid=[("router", fleet_routers), ("aim", ("session", "none"))],
-            base_extra={**fleet_base, "aim_replicas": FLEET_REPLICAS}), seeds=fleet_seeds))
-    out.append(dataclasses.replace(
-        exp("fleet-control", "one_touch", ALL,
-            f"one_touch over {FLEET_REPLICAS} replicas: no attack",
-            grid=[("router", fleet_routers)], base_extra={**fleet_base, "attack": False}),
-        seeds=fleet_seeds))
+    # every router even in --quick: the whole fleet grid at 3 seeds costs ~20 s of one core
+    out.append(exp("fleet-attack", "one_touch", ALL,
+                   f"one_touch over {FLEET_REPLICAS} replicas: aimed and spread attacker",
+                   grid=[("router", FLEET_ROUTERS), ("aim", ("session", "none"))],
+                   base_extra={"replicas": FLEET_REPLICAS, "aim_replicas": FLEET_REPLICAS}))
+    out.append(exp("fleet-control", "one_touch", ALL,
+                   f"one_touch over {FLEET_REPLICAS} replicas: no attack",
+                   grid=[("router", FLEET_ROUTERS)],
+                   base_extra={"replicas": FLEET_REPLICAS, "attack": False}))
     out.append(Experiment(name="overhead", workload="-", policies=ALL, seeds=(0,),
                           grid=(("blocks", (512, 4096)), ("groups", (8, 32))),
                           kind="overhead",
