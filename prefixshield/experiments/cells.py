@@ -25,9 +25,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from prefixshield.experiments.spec import (ENGINE_KEYS, RUN_KEYS, SCHEDULER_KEYS, Experiment,
-                                           Point, jsonable, resolve_contracts, scheduler_of,
-                                           value_text)
+from prefixshield.experiments.spec import (ENGINE_KEYS, FLEET_KEYS, RUN_KEYS, SCHEDULER_KEYS,
+                                           Experiment, Point, fleet_of, jsonable,
+                                           resolve_contracts, scheduler_of, value_text)
 
 OCCUPANCY_SAMPLES = 200
 """Occupancy is stored per cell at this many evenly spaced times (a step function sampled)."""
@@ -105,12 +105,13 @@ def run_spec(workload: str, settings: Mapping[str, Any], seed: int, policy_specs
 
     overrides = {k: v for k, v in settings.items()
                  if k not in ENGINE_KEYS and k not in RUN_KEYS and k not in SCHEDULER_KEYS
-                 and "." not in k}
+                 and k not in FLEET_KEYS and "." not in k}
     return RunSpec(workload=workload, policies=policy_specs, engine=engine_config(settings),
                    profile=load_profile(settings.get("profile", "l4-qwen2.5-1.5b")),
                    alpha=float(settings.get("alpha", 0.6)), seed=seed, overrides=overrides,
                    contracts=resolve_contracts(settings),
-                   c_prefill_basis=settings.get("c_prefill_basis", "reference"))
+                   c_prefill_basis=settings.get("c_prefill_basis", "reference"),
+                   fleet=fleet_of(settings))
 
 
 def engine_config(settings: Mapping[str, Any]):
@@ -166,6 +167,8 @@ def _resolved_run(kind: str, workload: str, settings: Mapping[str, Any]) -> dict
              "engine": spec.engine.to_dict(), "cost": dataclasses.asdict(spec.profile.cost),
              "alpha": spec.alpha, "params": resolved,
              "contracts": {k: dataclasses.asdict(c) for k, c in spec.contract_table.items()}}
+        if spec.fleet is not None:  # absent for one engine: its keys stay as they were
+            d["fleet"] = dataclasses.asdict(spec.fleet)
     _RESOLVED[memo] = d
     return d
 
@@ -283,9 +286,8 @@ def run_task(task: Task) -> list[CellOutcome]:
                                    **measure_overhead(spec, int(task.settings["blocks"]),
                                                       int(task.settings["groups"]))})
                 for spec in task.policy_specs]
-    from prefixshield.experiments.single import build_trace
-    from prefixshield.policies import make_policy
-    from prefixshield.simulator.engine import Engine, EngineError
+    from prefixshield.experiments.single import _run_one, build_trace
+    from prefixshield.simulator.engine import EngineError
     from prefixshield.experiments.overrides import parse_policy_spec
 
     try:
@@ -299,10 +301,7 @@ def run_task(task: Task) -> list[CellOutcome]:
         t0 = time.perf_counter()
         try:
             name, kwargs = parse_policy_spec(pspec)
-            policy = make_policy(name, spec.engine.num_blocks,
-                                 vllm_compat=spec.engine.vllm_compat, **kwargs)
-            result = Engine(trace, policy, spec.profile.cost, spec.engine,
-                            contracts=spec.contract_table).run()
+            result = _run_one(trace, spec, name, kwargs)  # one engine, or the point's fleet
         except (ValueError, EngineError) as e:
             out.append(CellOutcome(pspec, failed_row(str(e))))
             continue

@@ -46,6 +46,11 @@ SEARCH_TRIALS, SEARCH_SEEDS = 200, 5
 seeds."""
 QUICK_SEARCH_TRIALS, QUICK_SEARCH_SEEDS = 3, 2
 """``--quick``: the warm start only (the hand-written attacks mapped into the space), 2 seeds."""
+FLEET_REPLICAS = 8
+"""Replicas of the fleet table (each a 512-block engine)."""
+FLEET_ROUTERS = ("round_robin", "random", "session", "least_loaded", "prefix_affinity",
+                 "kv_aware")
+"""Routers of the fleet table (all registered ones)."""
 READING_CASES = (("one_touch", "lru", (512, 4096)), ("low_and_slow", "lru", (512,)),
                  ("sharegpt", "s3fifo", (512,)))
 """The readings table's cases: (workload, the baseline PrefixShield is compared with, blocks)."""
@@ -116,6 +121,15 @@ def reproduce_experiments(quick: bool = False, seeds: int | None = None,
     for key, _, fields in SCHEDULER_SETTINGS[1:]:
         for w in SCHEDULER_BENIGN:
             out.append(exp(f"sched-{key}-{w}", w, ALL, f"{w} under {key}", base_extra=fields))
+    # every router even in --quick: the whole fleet grid at 3 seeds costs ~20 s of one core
+    out.append(exp("fleet-attack", "one_touch", ALL,
+                   f"one_touch over {FLEET_REPLICAS} replicas: aimed and spread attacker",
+                   grid=[("router", FLEET_ROUTERS), ("aim", ("session", "none"))],
+                   base_extra={"replicas": FLEET_REPLICAS, "aim_replicas": FLEET_REPLICAS}))
+    out.append(exp("fleet-control", "one_touch", ALL,
+                   f"one_touch over {FLEET_REPLICAS} replicas: no attack",
+                   grid=[("router", FLEET_ROUTERS)],
+                   base_extra={"replicas": FLEET_REPLICAS, "attack": False}))
     out.append(Experiment(name="overhead", workload="-", policies=ALL, seeds=(0,),
                           grid=(("blocks", (512, 4096)), ("groups", (8, 32))),
                           kind="overhead",
@@ -134,6 +148,7 @@ REPRODUCE_SECTIONS = {
     "schedulers": ["benign-sharegpt", "borrowing",
                    *[f"sched-{k}-{w}" for k, _, _ in SCHEDULER_SETTINGS[1:]
                      for w in SCHEDULER_BENIGN]],
+    "fleet": ["fleet-control", "fleet-attack"],
     "overhead": ["overhead"],
 }
 """Report sections and the experiments each draws on."""

@@ -15,6 +15,9 @@ key                                what it sets
 ``tenant_max_blocks``              (running requests; blocks held by running requests; output
 ``tenant_max_output_tokens``       tokens per request)
 ``alpha`` ``profile``              nominal load; cost-model profile (shipped name or TOML path)
+``replicas`` ``router``            a fleet: that many engines (each with the point's engine
+``router_key``                     fields) behind a router; ``router_key`` is the ``session``
+                                   router's key (``prefix`` or ``group``); docs/fleet.md
 ``c_prefill_basis``                ``reference`` (C_prefill measured once on the reference
                                    pool of 512 blocks: the same rates at every capacity) or
                                    ``capacity`` (measured at each point's own pool)
@@ -66,6 +69,24 @@ SCHEDULER_KEYS = {"scheduler": None, "tenant_max_running": "max_running",
                   "tenant_max_output_tokens": "max_output_tokens"}
 """Field key -> the :class:`~prefixshield.scheduling.TenantLimits` attribute it sets for every
 group (``scheduler``: the scheduler's name)."""
+FLEET_KEYS = ("replicas", "router", "router_key")
+"""Fields of a fleet (:func:`fleet_of`); a point without ``replicas`` runs one engine."""
+
+
+def fleet_of(settings: Mapping[str, Any]):
+    """The :class:`~prefixshield.fleet.config.FleetConfig` of a point's ``FLEET_KEYS`` (None
+    without ``replicas``); ``router`` defaults to ``round_robin``, ``router_key`` to
+    ``prefix``. Raises :class:`SpecError` for a router field without ``replicas``."""
+    if "replicas" not in settings:
+        if any(k in settings for k in FLEET_KEYS):
+            raise SpecError("router and router_key need replicas (a fleet)")
+        return None
+    from prefixshield.fleet.config import FleetConfig
+    from prefixshield.fleet.routers.base import RouterConfig
+
+    rc = RouterConfig(name=settings.get("router", "round_robin"),
+                      session_key=settings.get("router_key", "prefix"))
+    return FleetConfig(replicas=int(settings["replicas"]), router=rc)
 
 
 def scheduler_of(settings: Mapping[str, Any]):
@@ -304,6 +325,25 @@ def type_field(workload: str, key: str, text: str, where: str = "") -> Any:
                 raise SpecError(f"{prefix}{key}: must be an integer between 1 and 2^40, got "
                                 f"{text!r}")
             return value
+        if key == "replicas":
+            from prefixshield.fleet.config import MAX_REPLICAS
+
+            value = _convert(text, int, key)
+            if not 1 <= value <= MAX_REPLICAS:
+                raise SpecError(f"{prefix}replicas: must be an integer in [1, {MAX_REPLICAS}], "
+                                f"got {text!r}")
+            return value
+        if key == "router":
+            from prefixshield.fleet.routers.base import ROUTERS
+
+            if text not in ROUTERS:
+                raise SpecError(f"{prefix}router: must be one of {', '.join(ROUTERS)}, got "
+                                f"{text!r}")
+            return text
+        if key == "router_key":
+            if text not in ("prefix", "group"):
+                raise SpecError(f"{prefix}router_key: must be prefix or group, got {text!r}")
+            return text
         if key == "alpha":
             value = _convert(text, float, key)
             if not (math.isfinite(value) and 0 < value <= 100):
@@ -363,7 +403,8 @@ def type_field(workload: str, key: str, text: str, where: str = "") -> Any:
 def _is_tuple_field(workload: str, key: str) -> bool:
     from prefixshield.workloads import WORKLOADS
 
-    if workload not in WORKLOADS or key in ENGINE_KEYS or key in SCHEDULER_KEYS or "." in key:
+    if (workload not in WORKLOADS or key in ENGINE_KEYS or key in SCHEDULER_KEYS or "." in key
+            or key in FLEET_KEYS):
         return False
     hints = typing.get_type_hints(WORKLOADS[workload].params_type)
     tp = hints.get(key)

@@ -195,15 +195,30 @@ def drop_role(p: AttackParams) -> str | None:
     return None if p.attack else "attacker"
 
 
-def fresh_prefix_attack(name: str, p: AttackParams) -> Trace:
-    """The victim stream plus an attacker sending a never-seen prefix (prefix_id = its ordinal)
-    and suffix every ``1 / attacker_request_rate()`` seconds through the pressure window."""
+def fresh_prefix_attack(name: str, p: AttackParams, aim=None) -> Trace:
+    """The victim stream plus an attacker sending a never-seen prefix and suffix every
+    ``1 / attacker_request_rate()`` seconds through the pressure window.
+
+    ``aim`` (None: prefix_id = the request's ordinal) maps the number of attacker requests to
+    ``(prefix_ids, extra meta)``: distinct non-negative ids, one per request in order (an
+    attacker choosing its session ids to steer a router). The content stays fresh either way
+    and the suffix and output lengths are drawn in the same order, so an aimed trace differs
+    from the unaimed one only in its attacker's prefix ids and token ids."""
     rows = RequestRows()
     victim, w0, w1 = victim_and_window(p, rows)
     rate = p.attacker_request_rate()
     t = periodic_times(rate, w0, w1)
-    add_fresh_prefixes(rows, p, rng_for(p.seed, STREAM_ATTACKER), t, np.arange(len(t)),
-                       group_index=GI_ATTACKER, group=p.attacker_group,
-                       contract=p.attacker_contract, role="attacker")
-    meta = attack_meta(name, p, victim, rate, (w0, w1), attacker_requests=len(t))
+    rng = rng_for(p.seed, STREAM_ATTACKER)
+    extra: dict[str, Any] = {}
+    if aim is None:
+        ids, suffix_len = np.arange(len(t)), None
+    else:
+        ids, extra = aim(len(t))
+        ids = np.asarray(ids, dtype=np.int64)
+        drawn = p.draw_suffixes(rng, len(t))  # by ordinal: the unaimed trace's lengths
+        suffix_len = np.zeros(int(ids.max()) + 1 if ids.size else 0, dtype=drawn.dtype)
+        suffix_len[ids] = drawn
+    add_fresh_prefixes(rows, p, rng, t, ids, group_index=GI_ATTACKER, group=p.attacker_group,
+                       contract=p.attacker_contract, role="attacker", suffix_len=suffix_len)
+    meta = attack_meta(name, p, victim, rate, (w0, w1), attacker_requests=len(t), **extra)
     return rows.finish(p.seed, p.vocab_size, meta, drop_role=drop_role(p))
