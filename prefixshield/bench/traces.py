@@ -14,8 +14,8 @@
    construction (per-request arrays from the trace) is reported apart, in ``detail``.
 2. *Long run* (row ``long run``): one process builds a trace of :data:`LONG_REQUESTS`
    (8 x 10^6) requests (``--quick``: :data:`QUICK_LONG_REQUESTS`) and simulates it under
-   LRU; its peak resident set size (``ru_maxrss`` of the child process) after the build and after the run,
-   and both wall times. The fused loop holds block hashes and tables a window at a time
+   LRU; its peak resident set size (``ru_maxrss`` of the child process) after the build and
+   after the run, and both wall times. The fused loop holds block hashes and tables a window at a time
    (``Engine.FUSED_WINDOW_HASHES``); what still grows with the trace is the trace itself (a
    pandas frame, two small arrays per request) and the engine's per-request arrays and
    records, so the figure is stated per request too.

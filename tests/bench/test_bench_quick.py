@@ -43,8 +43,8 @@ def test_bench_quick_runs_every_section_and_writes_finite_numbers(tmp_path, monk
     assert len(found) > 50
     bad = [(p, v) for p, v in found if not math.isfinite(v)]
     assert not bad, bad
-    for title in ("engine throughput", "scheduler cost", "start-up", "key-stream replay", "victim selection",
-                  "policy state bytes", "scale: engine time per request"):
+    for title in ("engine throughput", "scheduler cost", "start-up", "key-stream replay",
+                  "victim selection", "policy state bytes", "scale: engine time per request"):
         assert title in result.output
     scale = report["sections"]["scale"]
     assert {r["part"] for r in scale["rows"]} == {"engine + lru", "pool + lru",
