@@ -329,6 +329,18 @@ def _free_request(r, ctl, now, state, table, table_off, ref_cnt, block_hash, own
 
 
 @njit(cache=True, inline="always")
+def _append_if_changed(ctl, slot, values, times, rows, now):
+    """Append ``values`` at ``now`` to a series (``times``, ``rows``; ``ctl[slot]`` rows used)
+    if they differ from its last row: Engine._record_occupancy and Engine._record_held."""
+    last = ctl[slot] - 1
+    if bk.differs(values, rows[last]):
+        times[last + 1] = now
+        for g in range(values.shape[0]):
+            rows[last + 1, g] = values[g]
+        ctl[slot] = last + 2
+
+
+@njit(cache=True, inline="always")
 def _available(ctl, length, ps, q_occupancy, s3_cnt, requester):
     """The policy's ``available(requester)``: every free block (``num_free``) for LRU,
     PrefixShield and S3-FIFO (truly free plus unpinned queued blocks), StaticQuota's cap for
@@ -503,7 +515,6 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
     max_seqs = ctl[MAX_SEQS]
     max_tokens = ctl[MAX_TOKENS]
     wcap = waiting.shape[0]
-    G = occupancy.shape[0]
     while True:
         es = ctl[ESTATE]
         now = fctl[NOW]
@@ -612,12 +623,7 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
             ctl[NUM_RUNNING] = nrun
             # Engine._record_held after the scheduling: the tables grew (or a preemption freed
             # one) at this step's start
-            last = ctl[NUM_HELD] - 1
-            if bk.differs(held, held_rows[last]):
-                held_t[last + 1] = now
-                for g in range(G):
-                    held_rows[last + 1, g] = held[g]
-                ctl[NUM_HELD] = last + 2
+            _append_if_changed(ctl, NUM_HELD, held, held_t, held_rows, now)
             num_scheduled = m + admitted
             if num_scheduled == 0:
                 if preempted:
@@ -718,20 +724,9 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
         if num_finished:
             nrun = bk.remove_positions(run_ids, nrun, finished, num_finished)
             ctl[NUM_RUNNING] = nrun
-        # Engine._record_occupancy
-        last = ctl[NUM_OCC] - 1
-        if bk.differs(occupancy, occ[last]):
-            occ_t[last + 1] = now
-            for g in range(G):
-                occ[last + 1, g] = occupancy[g]
-            ctl[NUM_OCC] = last + 2
-        # Engine._record_occupancy: blocks held by running requests, per group
-        last = ctl[NUM_HELD] - 1
-        if bk.differs(held, held_rows[last]):
-            held_t[last + 1] = now
-            for g in range(G):
-                held_rows[last + 1, g] = held[g]
-            ctl[NUM_HELD] = last + 2
+        # Engine._record_occupancy, and its blocks held by running requests per group
+        _append_if_changed(ctl, NUM_OCC, occupancy, occ_t, occ, now)
+        _append_if_changed(ctl, NUM_HELD, held, held_t, held_rows, now)
         if ctl[STEP_PREEMPTED] or ctl[STEP_ADMITTED] or num_finished:
             ctl[QUIET] = 0
         else:
