@@ -9,6 +9,7 @@ up to the arrival (:mod:`prefixshield.fleet.lockstep`).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -98,7 +99,7 @@ class ReplicaView(Protocol):
         """Block-table entries of its running requests (the KV they hold, cached or not)."""
 
 
-class Router:
+class Router(ABC):
     """Base of every router.
 
     Args:
@@ -122,10 +123,10 @@ class Router:
         self.requests = requests
         self.seed = seed
 
+    @abstractmethod
     def route(self, row: int, replicas: list[ReplicaView] | None) -> int:
         """The replica (0-based) that serves trace row ``row``; ``replicas`` is None for
         routers that read no state."""
-        raise NotImplementedError
 
     def assign_all(self, n: int) -> np.ndarray:
         """Replica of every row ``0..n-1`` (routers that read no state only), int64."""
