@@ -315,31 +315,17 @@ def type_field(workload: str, key: str, text: str, where: str = "") -> Any:
         if key == "scheduler":
             from prefixshield.scheduling import SCHEDULERS
 
-            if text not in SCHEDULERS:
-                raise SpecError(f"{prefix}scheduler: must be one of {', '.join(SCHEDULERS)}, "
-                                f"got {text!r}")
-            return text
+            return _one_of(prefix, key, text, SCHEDULERS)
         if key in SCHEDULER_KEYS:
-            value = _convert(text, int, key)
-            if not 1 <= value <= 2**40:
-                raise SpecError(f"{prefix}{key}: must be an integer between 1 and 2^40, got "
-                                f"{text!r}")
-            return value
+            return _int_within(prefix, key, text, 2**40, "between 1 and 2^40")
         if key == "replicas":
             from prefixshield.fleet.config import MAX_REPLICAS
 
-            value = _convert(text, int, key)
-            if not 1 <= value <= MAX_REPLICAS:
-                raise SpecError(f"{prefix}replicas: must be an integer in [1, {MAX_REPLICAS}], "
-                                f"got {text!r}")
-            return value
+            return _int_within(prefix, key, text, MAX_REPLICAS, f"in [1, {MAX_REPLICAS}]")
         if key == "router":
             from prefixshield.fleet.routers.base import ROUTERS
 
-            if text not in ROUTERS:
-                raise SpecError(f"{prefix}router: must be one of {', '.join(ROUTERS)}, got "
-                                f"{text!r}")
-            return text
+            return _one_of(prefix, key, text, ROUTERS)
         if key == "router_key":
             if text not in ("prefix", "group"):
                 raise SpecError(f"{prefix}router_key: must be prefix or group, got {text!r}")
@@ -398,6 +384,24 @@ def type_field(workload: str, key: str, text: str, where: str = "") -> Any:
     except (KeyError, FileNotFoundError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         raise SpecError(f"{prefix}{key}: {msg}") from None
+
+
+def _one_of(prefix: str, key: str, text: str, names) -> str:
+    """``text`` if it is one of the registered ``names``, else a :class:`SpecError`."""
+    if text not in names:
+        raise SpecError(f"{prefix}{key}: must be one of {', '.join(names)}, got {text!r}")
+    return text
+
+
+def _int_within(prefix: str, key: str, text: str, high: int, shown: str) -> int:
+    """``text`` as an integer in ``[1, high]`` (``shown``: that range in the message), else a
+    :class:`SpecError`."""
+    from prefixshield.experiments.overrides import _convert
+
+    value = _convert(text, int, key)
+    if not 1 <= value <= high:
+        raise SpecError(f"{prefix}{key}: must be an integer {shown}, got {text!r}")
+    return value
 
 
 def _is_tuple_field(workload: str, key: str) -> bool:
