@@ -10,6 +10,8 @@ materialization, never repaid by eviction); PrefixShield keeps its own copy for 
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import numpy as np
 from numba import njit
 
@@ -35,15 +37,20 @@ class CreationLog:
 
 
 @njit(cache=True)
-def _bucket_debt_integral(t, blocks, rho, beta, w0, w1):
-    """Integral over ``[w0, w1]`` of the debt ``max(0, -B̂(t))`` of one bucket charged
-    ``blocks[i]`` at ``t[i]`` (sorted), and the debt at ``w1``. Exact: between charges the
-    debt falls linearly at ``rho`` until it reaches 0."""
-    b = beta
-    t_prev = 0.0
-    integral = 0.0
+def _bucket_debt_scan(t, blocks, rho, beta, w0, w1, carry, finish):
+    """Continue the debt integral of one bucket over its next charges ``blocks[i]`` at sorted
+    ``t[i]`` (:func:`_bucket_debt_integral` a chunk at a time: the same operations in the same
+    order). ``carry``: ``[balance, time of the last charge, integral so far]``, updated in
+    place (``[beta, 0, 0]`` before the first chunk). ``finish``: this is the last chunk, so
+    the span to ``w1`` is added too; returns then the debt at ``w1`` (else 0)."""
+    b = carry[0]
+    t_prev = carry[1]
+    integral = carry[2]
     n = t.shape[0]
+    end_debt = 0.0
     for i in range(n + 1):
+        if i == n and not finish:
+            break
         t_next = t[i] if i < n else w1
         lo = max(t_prev, w0)
         hi = min(t_next, w1)
@@ -53,11 +60,24 @@ def _bucket_debt_integral(t, blocks, rho, beta, w0, w1):
                 span = min(hi - lo, d / rho)
                 integral += d * span - 0.5 * rho * span * span
         if i == n:
+            end_debt = max(0.0, -(b + rho * max(0.0, w1 - t_prev)))
             break
         b = min(beta, b + rho * (t[i] - t_prev)) - blocks[i]
         t_prev = t[i]
-    end_debt = max(0.0, -(b + rho * max(0.0, w1 - t_prev)))
-    return integral, end_debt
+    carry[0] = b
+    carry[1] = t_prev
+    carry[2] = integral
+    return end_debt
+
+
+@njit(cache=True)
+def _bucket_debt_integral(t, blocks, rho, beta, w0, w1):
+    """Integral over ``[w0, w1]`` of the debt ``max(0, -B̂(t))`` of one bucket charged
+    ``blocks[i]`` at ``t[i]`` (sorted), and the debt at ``w1``. Exact: between charges the
+    debt falls linearly at ``rho`` until it reaches 0."""
+    carry = np.array([beta, 0.0, 0.0])
+    end_debt = _bucket_debt_scan(t, blocks, rho, beta, w0, w1, carry, True)
+    return carry[2], end_debt
 
 
 @njit(cache=True)
@@ -121,18 +141,35 @@ def group_creation(log: dict[str, np.ndarray], group: int, rho: np.ndarray, beta
     """Creation of one group over ``window`` (seconds): blocks materialized in it, the pressure
     ratio (blocks per second over the summed refill of the contracts it used; 0 if it created
     nothing) and the time-weighted mean raw debt ``D_g`` (blocks, summed over its contracts)."""
+    return group_creation_chunks([log], group, rho, beta, window)
+
+
+def group_creation_chunks(chunks: Iterable[dict[str, np.ndarray]], group: int, rho: np.ndarray,
+                          beta: np.ndarray, window: tuple[float, float]) -> dict[str, float]:
+    """:func:`group_creation` over a log given as consecutive chunks of its rows (columns
+    ``t_s``, ``group``, ``contract``, ``blocks``, as :meth:`CreationLog.arrays`), one chunk in
+    memory at a time: the same figures, bit for bit (each bucket's scan carries its state
+    from chunk to chunk, :func:`_bucket_debt_scan`)."""
     w0, w1 = float(window[0]), float(window[1])
-    mine = log["group"] == group
-    t, c, n = log["t_s"][mine], log["contract"][mine], log["blocks"][mine]
-    in_window = (t >= w0) & (t < w1)
-    created = int(n[in_window].sum())
-    used = np.unique(c)
+    created = 0
+    carries: dict[int, np.ndarray] = {}
+    for log in chunks:
+        mine = log["group"] == group
+        t, c, n = log["t_s"][mine], log["contract"][mine], log["blocks"][mine]
+        in_window = (t >= w0) & (t < w1)
+        created += int(n[in_window].sum())
+        for k in np.unique(c):
+            carry = carries.setdefault(int(k), np.array([float(beta[k]), 0.0, 0.0]))
+            sel = c == k
+            _bucket_debt_scan(t[sel], n[sel].astype(np.float64), float(rho[k]),
+                              float(beta[k]), w0, w1, carry, False)
+    used = np.array(sorted(carries), dtype=np.int64)
     integral = 0.0
+    none = np.empty(0)
     for k in used:
-        sel = c == k
-        part, _ = _bucket_debt_integral(t[sel], n[sel].astype(np.float64), float(rho[k]),
-                                        float(beta[k]), w0, w1)
-        integral += part
+        _bucket_debt_scan(none, none, float(rho[k]), float(beta[k]), w0, w1, carries[int(k)],
+                          True)
+        integral += carries[int(k)][2]
     span = w1 - w0
     if not span > 0:
         return {"created_blocks": created, "pressure_ratio": float("nan"),

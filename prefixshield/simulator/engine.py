@@ -144,6 +144,40 @@ class EngineError(RuntimeError):
     """The trace cannot run on this engine (e.g. a request larger than the whole pool)."""
 
 
+def check_fits(config: EngineConfig, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+               request_ids: np.ndarray, row_base: int = 0) -> EngineError | None:
+    """The error for the first request whose prompt and output (tokens) exceed the pool's
+    usable blocks, None if all fit; ``request_ids`` of the same rows, the first being trace
+    row ``row_base``."""
+    usable_tokens = (config.num_blocks - 1) * config.block_size
+    too_big = np.flatnonzero(prompt_tokens + output_tokens > usable_tokens)
+    if not too_big.size:
+        return None
+    i = int(too_big[0])
+    return EngineError(
+        f"request {int(request_ids[i])} (row {row_base + i}) needs "
+        f"{int(prompt_tokens[i] + output_tokens[i])} tokens of KV cache but the "
+        f"pool holds {usable_tokens} ({config.num_blocks - 1} usable blocks x "
+        f"{config.block_size} tokens)")
+
+def init_request_arrays(target, n: int) -> None:
+    """Set ``target``'s per-request result arrays for ``n`` requests, before any runs:
+    ``first_token_s``, ``finish_s`` (NaN), ``cached_tokens`` (-1: not admitted),
+    ``num_preemptions``, ``num_new_blocks`` (0), and, for queueing and KV consumption,
+    ``admitted_s`` (first admission, s; NaN), ``arrival_cached_tokens`` (tokens cached at
+    arrival; -1: not arrived) and ``block_s`` (KV block-seconds of the request's block table
+    over its life; 0)."""
+    target.first_token_s = np.full(n, np.nan)
+    target.finish_s = np.full(n, np.nan)
+    target.cached_tokens = np.full(n, -1, dtype=np.int64)
+    target.num_preemptions = np.zeros(n, dtype=np.int64)
+    target.num_new_blocks = np.zeros(n, dtype=np.int64)
+    target.admitted_s = np.full(n, np.nan)
+    target.arrival_cached_tokens = np.full(n, -1, dtype=np.int64)
+    target.block_s = np.zeros(n, dtype=np.float64)
+
+
+
 @dataclass
 class RunResult:
     """Everything one simulated run produced.
@@ -261,15 +295,10 @@ class Engine:
         summed = np.zeros(self._seg_lens_flat.shape[0] + 1, dtype=np.int64)
         np.cumsum(self._seg_lens_flat, out=summed[1:])
         self.prompt_tokens = summed[self._seg_offsets[1:]] - summed[self._seg_offsets[:-1]]
-        usable_tokens = (config.num_blocks - 1) * config.block_size
-        too_big = np.flatnonzero(self.prompt_tokens + self.output_tokens > usable_tokens)
-        if too_big.size:
-            i = int(too_big[0])
-            raise EngineError(
-                f"request {int(df['request_id'].iloc[i])} (row {i}) needs "
-                f"{int(self.prompt_tokens[i] + self.output_tokens[i])} tokens of KV cache but the "
-                f"pool holds {usable_tokens} ({config.num_blocks - 1} usable blocks x "
-                f"{config.block_size} tokens)")
+        too_big = check_fits(config, self.prompt_tokens, self.output_tokens,
+                             df["request_id"].to_numpy(np.int64))
+        if too_big is not None:
+            raise too_big
         over = over_block_limit(self.scheduler.limits, self.group_id,
                                 self.prompt_tokens + self.output_tokens, config.block_size)
         if over is not None:
@@ -286,16 +315,7 @@ class Engine:
         policy.bind_tenants(self.groups, self._contract_table)
         self.pool = BlockPool(config.num_blocks, policy, len(self.groups))
         self.kv = KVCacheManager(self.pool, config.block_size)
-        self.first_token_s = np.full(n, np.nan)
-        self.finish_s = np.full(n, np.nan)
-        self.cached_tokens = np.full(n, -1, dtype=np.int64)
-        self.num_preemptions = np.zeros(n, dtype=np.int64)
-        self.num_new_blocks = np.zeros(n, dtype=np.int64)
-        # queueing and KV consumption: first admission (s), tokens cached at arrival (-1:
-        # not arrived), KV block-seconds of the request's block table over its life
-        self.admitted_s = np.full(n, np.nan)
-        self.arrival_cached_tokens = np.full(n, -1, dtype=np.int64)
-        self.block_s = np.zeros(n, dtype=np.float64)
+        init_request_arrays(self, n)
         self.env = simpy.Environment()
         # Requests wait as their row index and become Sequences (token ids, block hashes) when
         # they first reach the head (see _waiting_head): an overloaded engine's queue holds an
@@ -627,9 +647,14 @@ class Engine:
     def _never_admitted(self, row: int, num_tokens: int) -> EngineError:
         """The error of a waiting head (trace row ``row``, ``num_tokens`` tokens) that cannot
         fit with nothing running when no request is left to arrive."""
-        group = int(self.group_id[row])
+        return self.never_admitted_error(int(self.trace.requests['request_id'].iloc[row]),
+                                         int(self.group_id[row]), num_tokens)
+
+    def never_admitted_error(self, request_id: int, group: int,
+                             num_tokens: int) -> EngineError:
+        """:meth:`_never_admitted`'s error for request ``request_id`` of group id ``group``."""
         return EngineError(
-            f"request {int(self.trace.requests['request_id'].iloc[row])} of group "
+            f"request {request_id} of group "
             f"{self.groups[group]!r} can never be admitted: it needs "
             f"{-(-num_tokens // self.config.block_size)} blocks and the policy lets its "
             f"group take at most {self.pool.num_free_blocks(group)} with nothing running")
@@ -1113,10 +1138,105 @@ class Engine:
         # a table as a Sequence's: room for every block of prompt and output, plus one
         table_off = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(-(-total // B) + 1, out=table_off[1:])
-        ctl = np.zeros(fz.NUM_CTL, dtype=np.int64)
+        ctl, fctl, pol = self._fused_setup(n)
+        log = pol[-1]
         hashes, table = self._fused_window(ctl, hash_off, table_off, 0, 0, None, None)
+        waiting = np.empty(n + 1, dtype=np.int64)
+        materialized = np.zeros(n, dtype=np.int64)
+        scratch = self._fused_scratch()
+        # First guesses (a run records about one occupancy row per step that touches the pool
+        # and a few creations per request); run_loop asks for more when a step might not fit.
+        rows = self.FUSED_FIRST_ROWS
+        occ_t = np.empty(rows or 2 * n + 1024, dtype=np.float64)
+        occ = np.empty((occ_t.shape[0], pool.num_groups), dtype=np.int64)
+        occ_t[0] = self._occ_t[0]
+        occ[0] = self._occ[0]
+        ctl[fz.NUM_OCC] = 1
+        cap = rows or 4 * n + self._run_ids.shape[0] + 1024
+        cre_t = np.empty(cap, dtype=np.float64)
+        cre = [np.empty(cap, dtype=np.int64) for _ in range(3)]
+        fz.start(ctl, fctl, self.arrival_s, waiting)
+        # the requests due at t = 0 arrive to an empty pool
+        self.arrival_cached_tokens[:int(ctl[fz.NEXT_ARRIVAL])] = 0
+        held_since = np.zeros(n, dtype=np.float64)
+        held_t = np.empty(occ_t.shape[0], dtype=np.float64)
+        held_rows = np.empty((held_t.shape[0], pool.num_groups), dtype=np.int64)
+        held_t[0] = self._held_t[0]
+        held_rows[0] = self._held[0]
+        ctl[fz.NUM_HELD] = 1
+        while True:
+            code = self._fused_call(ctl, fctl, self, materialized, held_since, table, table_off,
+                                    hashes, hash_off, waiting, scratch, pol,
+                                    (occ_t, occ, cre_t, cre, held_t, held_rows))
+            if code == fz.DONE:
+                break
+            if code == fz.CHECK:
+                self._fused_check(ctl, self._state, table, table_off, hashes, hash_off)
+            elif code == fz.NEED_WINDOW:
+                hashes, table = self._fused_window(
+                    ctl, hash_off, table_off, self._oldest_live(ctl, waiting),
+                    int(ctl[fz.NEXT_ARRIVAL]), hashes, table)
+            elif code == fz.GROW:
+                more = max(occ_t.shape[0], 1)
+                if ctl[fz.NUM_OCC] + 1 > occ_t.shape[0]:
+                    occ_t = np.concatenate([occ_t, np.empty(more, dtype=np.float64)])
+                    occ = np.concatenate([occ, np.empty((more, occ.shape[1]), dtype=np.int64)])
+                if ctl[fz.NUM_HELD] + 2 > held_t.shape[0]:
+                    more_held = held_t.shape[0]
+                    held_t = np.concatenate([held_t, np.empty(more_held, dtype=np.float64)])
+                    held_rows = np.concatenate([held_rows, np.empty(
+                        (more_held, held_rows.shape[1]), dtype=np.int64)])
+                more = max(cre_t.shape[0], self._run_ids.shape[0])
+                if ctl[fz.NUM_CRE] + self._run_ids.shape[0] > cre_t.shape[0]:
+                    cre_t = np.concatenate([cre_t, np.empty(more, dtype=np.float64)])
+                    cre = [np.concatenate([c, np.empty(more, dtype=np.int64)]) for c in cre]
+                if log is not None:
+                    log.reserve(max(log.t.shape[0], self._run_ids.shape[0]))
+            else:  # fz.NEVER_ADMITTED
+                r = int(ctl[fz.ERR_REQUEST])
+                raise self._never_admitted(r, int(self.prompt_tokens[r]
+                                                  + self._state[r, bk.OUTPUT_DONE]))
+        self.num_steps = int(ctl[fz.NUM_STEPS])
+        self.num_events = int(ctl[fz.NUM_EVENTS])
+        self._next_arrival = int(ctl[fz.NEXT_ARRIVAL])
+        pool.num_evicted_total += int(ctl[fz.NUM_EVICTED])
+        k = int(ctl[fz.LAST_EVICTED_N])
+        if k:
+            pool.last_evicted = scratch[2][:k].copy()
+        k = int(ctl[fz.NUM_OCC])
+        # the series as _result reads it (np.asarray / np.vstack): one block of rows
+        self._occ_t = occ_t[:k].copy()
+        self._occ = [occ[:k]]
+        k = int(ctl[fz.NUM_HELD])
+        self._held_t = held_t[:k].copy()
+        self._held = [held_rows[:k]]
+        k = int(ctl[fz.NUM_CRE])
+        pool.creations = fz.ColumnCreationLog(cre_t[:k], *(c[:k] for c in cre))
+        self.env = simpy.Environment(initial_time=float(fctl[fz.NOW]))
+
+    def _fused_check(self, ctl: np.ndarray, state: np.ndarray, table: np.ndarray,
+                     table_off: np.ndarray, hashes: np.ndarray, hash_off: np.ndarray) -> None:
+        """``check_invariants`` after a fused step (:data:`fused.CHECK`): the pool's, and the
+        running requests' tables against it; raises AssertionError."""
+        pool = self.pool
+        pool.check_invariants()
+        bad = fz.check_tables(state, self._run_ids, int(ctl[fz.NUM_RUNNING]), table, table_off,
+                              hashes, hash_off, pool.ref_cnt, pool.block_hash,
+                              np.zeros(pool.num_blocks, dtype=np.int64), ctl[fz.HASH_BASE],
+                              ctl[fz.TABLE_BASE])
+        if bad != -1:
+            raise AssertionError(
+                "fused batch disagrees with the pool: " + (
+                    "ref_cnt != running tables" if bad == -2
+                    else f"request {bad}'s block table or counters"))
+
+    def _fused_setup(self, n: int) -> tuple[np.ndarray, np.ndarray, tuple]:
+        """``ctl`` and ``fctl`` of a fused run over ``n`` requests (configuration slots set),
+        and the policy's arrays (:meth:`_fused_policy_state`)."""
+        cfg, pool = self.config, self.pool
+        ctl = np.zeros(fz.NUM_CTL, dtype=np.int64)
         ctl[fz.N] = n
-        ctl[fz.BLOCK_SIZE] = B
+        ctl[fz.BLOCK_SIZE] = cfg.block_size
         ctl[fz.MAX_SEQS] = cfg.max_num_seqs
         ctl[fz.MAX_TOKENS] = cfg.max_num_batched_tokens
         ctl[fz.RESERVE_FULL] = cfg.reserves_full_prompt
@@ -1124,6 +1244,26 @@ class Engine:
         ctl[fz.COALESCE] = self.coalesce_decode
         ctl[fz.STOP_AFTER_STEP] = cfg.check_invariants
         ctl[fz.POOL_BLOCKS] = pool.num_blocks
+        pol = self._fused_policy_state(ctl)
+        fctl = np.zeros(fz.NUM_FCTL, dtype=np.float64)
+        cm = self.cost
+        fctl[fz.COST_A:fz.COST_E + 1] = (cm.a_s, cm.b_s_per_prefill_token, cm.c_s_per_decode_seq,
+                                         cm.d_s_per_context_token, cm.e_s_per_new_request)
+        return ctl, fctl, pol
+
+    def _fused_scratch(self) -> tuple:
+        """The loop's per-block scratch: ``hits, victims, evicted, was_free, freed, cached,
+        order`` (one entry per pool block)."""
+        nb = self.pool.num_blocks
+        hits, victims, evicted, was_free, freed, order = (np.empty(nb, dtype=np.int32)
+                                                          for _ in range(6))
+        return hits, victims, evicted, was_free, freed, np.empty(nb, dtype=np.bool_), order
+
+    def _fused_policy_state(self, ctl: np.ndarray) -> tuple:
+        """The policy's arrays as :func:`fused.run_loop` takes them, ``(lists, ps, quota_state,
+        s3_state, log)`` (arrays a policy does not use are empty; ``log``: PrefixShield's debt
+        log, else None); sets ``ctl``'s policy slots."""
+        pool = self.pool
         # the policy's state: arrays it does not use are empty
         policy = pool.policy
         # (same dtypes as the real ones: one compiled loop serves every policy)
@@ -1158,113 +1298,43 @@ class Engine:
             ctl[fz.MAX_SAMPLES] = log.max_samples
             # room for the first step's samples (run_loop asks for more, as for the buffers)
             log.reserve(self._run_ids.shape[0])
-        fctl = np.zeros(fz.NUM_FCTL, dtype=np.float64)
-        cm = self.cost
-        fctl[fz.COST_A:fz.COST_E + 1] = (cm.a_s, cm.b_s_per_prefill_token, cm.c_s_per_decode_seq,
-                                         cm.d_s_per_context_token, cm.e_s_per_new_request)
-        waiting = np.empty(n + 1, dtype=np.int64)
-        materialized = np.zeros(n, dtype=np.int64)
-        nb = pool.num_blocks
-        hits, victims, evicted, was_free, freed, order = (np.empty(nb, dtype=np.int32)
-                                                          for _ in range(6))
-        cached = np.empty(nb, dtype=np.bool_)
-        # First guesses (a run records about one occupancy row per step that touches the pool
-        # and a few creations per request); run_loop asks for more when a step might not fit.
-        rows = self.FUSED_FIRST_ROWS
-        occ_t = np.empty(rows or 2 * n + 1024, dtype=np.float64)
-        occ = np.empty((occ_t.shape[0], pool.num_groups), dtype=np.int64)
-        occ_t[0] = self._occ_t[0]
-        occ[0] = self._occ[0]
-        ctl[fz.NUM_OCC] = 1
-        cap = rows or 4 * n + self._run_ids.shape[0] + 1024
-        cre_t = np.empty(cap, dtype=np.float64)
-        cre = [np.empty(cap, dtype=np.int64) for _ in range(3)]
-        fz.start(ctl, fctl, self.arrival_s, waiting)
-        # the requests due at t = 0 arrive to an empty pool
-        self.arrival_cached_tokens[:int(ctl[fz.NEXT_ARRIVAL])] = 0
-        held_since = np.zeros(n, dtype=np.float64)
-        held = self.kv.held
-        held_t = np.empty(occ_t.shape[0], dtype=np.float64)
-        held_rows = np.empty((held_t.shape[0], pool.num_groups), dtype=np.int64)
-        held_t[0] = self._held_t[0]
-        held_rows[0] = self._held[0]
-        ctl[fz.NUM_HELD] = 1
-        while True:
-            if log is None:
-                log_cols = (np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int32),
-                            np.zeros(0, dtype=np.float64), np.zeros((0, 0), dtype=np.int64))
-                log_meta = np.zeros(3, dtype=np.int64)
-            else:
-                log_cols = (log.t, log.group, log.debt, log.classes)
-                log_meta = np.array([log.size, log.stride, log.num_charges], dtype=np.int64)
-            code = fz.run_loop(
-                ctl, fctl, self.arrival_s, self.group_id, self.contract_id, self.prefix_id,
-                self._state, materialized, table, table_off, hashes, hash_off,
-                self.first_token_s, self.finish_s, self.cached_tokens, self.num_preemptions,
-                self.num_new_blocks, self._run_ids, self._num_new, self._finished, waiting, hits,
-                victims, evicted, was_free, freed, cached, order, pool.ref_cnt, pool.block_hash,
-                pool.hash_next, pool.owner_group, pool.occupancy, pool.evictions,
-                pool._map_keys, pool._map_vals, pool._map_size, *lists, ps, *log_cols,
-                log_meta, *quota_state, *s3_state, occ_t, occ, cre_t, *cre, self.admitted_s,
-                self.arrival_cached_tokens, self.block_s, held_since, held, held_t, held_rows)
-            if log is not None:
-                log.size, log.stride, log.num_charges = (int(x) for x in log_meta)
-            if ctl[fz.POLICY] == fz.POLICY_S3FIFO:
-                policy._ghost_slack = int(ctl[fz.S3_GHOST_SLACK])
-            if code == fz.DONE:
-                break
-            if code == fz.CHECK:
-                pool.check_invariants()
-                bad = fz.check_tables(self._state, self._run_ids, int(ctl[fz.NUM_RUNNING]),
-                                      table, table_off, hashes, hash_off, pool.ref_cnt,
-                                      pool.block_hash, np.zeros(nb, dtype=np.int64),
-                                      ctl[fz.HASH_BASE], ctl[fz.TABLE_BASE])
-                if bad != -1:
-                    raise AssertionError(
-                        "fused batch disagrees with the pool: " + (
-                            "ref_cnt != running tables" if bad == -2
-                            else f"request {bad}'s block table or counters"))
-            elif code == fz.NEED_WINDOW:
-                hashes, table = self._fused_window(
-                    ctl, hash_off, table_off, self._oldest_live(ctl, waiting),
-                    int(ctl[fz.NEXT_ARRIVAL]), hashes, table)
-            elif code == fz.GROW:
-                more = max(occ_t.shape[0], 1)
-                if ctl[fz.NUM_OCC] + 1 > occ_t.shape[0]:
-                    occ_t = np.concatenate([occ_t, np.empty(more, dtype=np.float64)])
-                    occ = np.concatenate([occ, np.empty((more, occ.shape[1]), dtype=np.int64)])
-                if ctl[fz.NUM_HELD] + 2 > held_t.shape[0]:
-                    more_held = held_t.shape[0]
-                    held_t = np.concatenate([held_t, np.empty(more_held, dtype=np.float64)])
-                    held_rows = np.concatenate([held_rows, np.empty(
-                        (more_held, held_rows.shape[1]), dtype=np.int64)])
-                more = max(cre_t.shape[0], self._run_ids.shape[0])
-                if ctl[fz.NUM_CRE] + self._run_ids.shape[0] > cre_t.shape[0]:
-                    cre_t = np.concatenate([cre_t, np.empty(more, dtype=np.float64)])
-                    cre = [np.concatenate([c, np.empty(more, dtype=np.int64)]) for c in cre]
-                if log is not None:
-                    log.reserve(max(log.t.shape[0], self._run_ids.shape[0]))
-            else:  # fz.NEVER_ADMITTED
-                r = int(ctl[fz.ERR_REQUEST])
-                raise self._never_admitted(r, int(self.prompt_tokens[r]
-                                                  + self._state[r, bk.OUTPUT_DONE]))
-        self.num_steps = int(ctl[fz.NUM_STEPS])
-        self.num_events = int(ctl[fz.NUM_EVENTS])
-        self._next_arrival = int(ctl[fz.NEXT_ARRIVAL])
-        pool.num_evicted_total += int(ctl[fz.NUM_EVICTED])
-        k = int(ctl[fz.LAST_EVICTED_N])
-        if k:
-            pool.last_evicted = evicted[:k].copy()
-        k = int(ctl[fz.NUM_OCC])
-        # the series as _result reads it (np.asarray / np.vstack): one block of rows
-        self._occ_t = occ_t[:k].copy()
-        self._occ = [occ[:k]]
-        k = int(ctl[fz.NUM_HELD])
-        self._held_t = held_t[:k].copy()
-        self._held = [held_rows[:k]]
-        k = int(ctl[fz.NUM_CRE])
-        pool.creations = fz.ColumnCreationLog(cre_t[:k], *(c[:k] for c in cre))
-        self.env = simpy.Environment(initial_time=float(fctl[fz.NOW]))
+        return lists, ps, quota_state, s3_state, log
+
+    def _fused_call(self, ctl: np.ndarray, fctl: np.ndarray, rows, materialized: np.ndarray,
+                    held_since: np.ndarray, table: np.ndarray, table_off: np.ndarray,
+                    hashes: np.ndarray, hash_off: np.ndarray, waiting: np.ndarray,
+                    scratch: tuple, pol: tuple, series: tuple) -> int:
+        """One :func:`fused.run_loop` call; returns its code. ``rows``: the object holding the
+        per-request arrays by the engine's names (the engine, or a streamed run's window of
+        rows, :mod:`prefixshield.simulator.stream`); ``scratch``: the per-block scratch
+        (``hits`` .. ``order``); ``pol``: :meth:`_fused_policy_state`; ``series``: ``(occ_t,
+        occ, cre_t, [cre_g, cre_c, cre_b], held_t, held_rows)``. Writes back what the
+        policy's Python side keeps (the debt log's counters, S3-FIFO's ghost slack)."""
+        pool = self.pool
+        lists, ps, quota_state, s3_state, log = pol
+        occ_t, occ, cre_t, cre, held_t, held_rows = series
+        if log is None:
+            log_cols = (np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int32),
+                        np.zeros(0, dtype=np.float64), np.zeros((0, 0), dtype=np.int64))
+            log_meta = np.zeros(3, dtype=np.int64)
+        else:
+            log_cols = (log.t, log.group, log.debt, log.classes)
+            log_meta = np.array([log.size, log.stride, log.num_charges], dtype=np.int64)
+        code = fz.run_loop(
+            ctl, fctl, rows.arrival_s, rows.group_id, rows.contract_id, rows.prefix_id,
+            rows._state, materialized, table, table_off, hashes, hash_off,
+            rows.first_token_s, rows.finish_s, rows.cached_tokens, rows.num_preemptions,
+            rows.num_new_blocks, self._run_ids, self._num_new, self._finished, waiting,
+            *scratch, pool.ref_cnt, pool.block_hash, pool.hash_next, pool.owner_group,
+            pool.occupancy, pool.evictions, pool._map_keys, pool._map_vals, pool._map_size,
+            *lists, ps, *log_cols, log_meta, *quota_state, *s3_state, occ_t, occ, cre_t, *cre,
+            rows.admitted_s, rows.arrival_cached_tokens, rows.block_s, held_since, self.kv.held,
+            held_t, held_rows)
+        if log is not None:
+            log.size, log.stride, log.num_charges = (int(x) for x in log_meta)
+        if ctl[fz.POLICY] == fz.POLICY_S3FIFO:
+            pool.policy._ghost_slack = int(ctl[fz.S3_GHOST_SLACK])
+        return code
 
     def _oldest_live(self, ctl: np.ndarray, waiting: np.ndarray) -> int:
         """The oldest request (row) the fused loop still reads: waiting, running, or the next

@@ -824,8 +824,9 @@ def _fill_segment(buf, pos, seed, segment_id, length, vocab, inv):
 
 @njit(cache=True)
 def _fill_request(buf, i, num_tokens, seed, vocab, inv, seg_ids, seg_lens, seg_offsets,
-                  output_segment_id, output_tokens, output_salt_seed):
-    """The first ``num_tokens`` token ids of request ``i`` (prompt segments, then output)."""
+                  output_segment_id, output_tokens, output_salt_seed, row_base):
+    """The first ``num_tokens`` token ids of request ``i`` (prompt segments, then output);
+    ``row_base + i`` is its row in the whole trace (the segment of its unique output)."""
     pos = 0
     for s in range(seg_offsets[i], seg_offsets[i + 1]):
         if pos >= num_tokens:
@@ -839,7 +840,7 @@ def _fill_request(buf, i, num_tokens, seed, vocab, inv, seg_ids, seg_lens, seg_o
     if output_segment_id[i] >= 0:
         _fill_segment(buf, pos, seed, output_segment_id[i], n, vocab, inv)
     else:
-        _fill_segment(buf, pos, output_salt_seed, np.int64(i), n, vocab, inv)
+        _fill_segment(buf, pos, output_salt_seed, np.int64(row_base + i), n, vocab, inv)
 
 
 @njit(cache=True, inline="always")
@@ -859,13 +860,15 @@ def _chain_tail(buf, h, tag, lo, hi, block_size, hashes, out):
 @njit(cache=True)
 def build_hashes(seed, vocab_size, seg_ids, seg_lens, seg_offsets, output_segment_id,
                  output_tokens, output_salt_seed, groups, block_size, hash_seed, hash_off,
-                 hashes, lo, hi, base):
+                 hashes, lo, hi, base, row_base=0):
     """Block hashes of requests ``lo .. hi-1``, ``hashes[hash_off[i] - base:hash_off[i+1] -
     base]`` for request i (one per full block of prompt then output; ``lo, hi, base = 0, n,
     0``: the whole trace into a buffer of all its hashes): those of
     :func:`~prefixshield.simulator.hashing.chain_block_hashes` over the token ids of
     :func:`~prefixshield.traces.tokens.prompt_token_ids` (the output: segment
-    ``output_segment_id[i]``, or segment ``i`` of ``output_salt_seed`` when negative).
+    ``output_segment_id[i]``, or segment ``row_base + i`` of ``output_salt_seed`` when
+    negative). ``row_base``: the trace row of index 0 of the per-request arrays (a streamed
+    run holds a window of rows, :mod:`prefixshield.simulator.stream`).
 
     Both are recomputed here (tested equal): the hash chain is a serial dependency (each
     token's mix waits for the previous one), so four requests' chains advance in lock step to
@@ -891,13 +894,13 @@ def build_hashes(seed, vocab_size, seg_ids, seg_lens, seg_offsets, output_segmen
         n2 = hash_off[i2 + 1] - hash_off[i2] if i0 + 2 < n else 0
         n3 = hash_off[i3 + 1] - hash_off[i3] if i0 + 3 < n else 0
         _fill_request(b0, i0, n0 * B, seed, vocab_size, inv, seg_ids, seg_lens, seg_offsets,
-                      output_segment_id, output_tokens, output_salt_seed)
+                      output_segment_id, output_tokens, output_salt_seed, row_base)
         _fill_request(b1, i1, n1 * B, seed, vocab_size, inv, seg_ids, seg_lens, seg_offsets,
-                      output_segment_id, output_tokens, output_salt_seed)
+                      output_segment_id, output_tokens, output_salt_seed, row_base)
         _fill_request(b2, i2, n2 * B, seed, vocab_size, inv, seg_ids, seg_lens, seg_offsets,
-                      output_segment_id, output_tokens, output_salt_seed)
+                      output_segment_id, output_tokens, output_salt_seed, row_base)
         _fill_request(b3, i3, n3 * B, seed, vocab_size, inv, seg_ids, seg_lens, seg_offsets,
-                      output_segment_id, output_tokens, output_salt_seed)
+                      output_segment_id, output_tokens, output_salt_seed, row_base)
         h0, h1 = _chain_start(groups[i0], hash_seed), _chain_start(groups[i1], hash_seed)
         h2, h3 = _chain_start(groups[i2], hash_seed), _chain_start(groups[i3], hash_seed)
         t0 = np.uint64(groups[i0] + 1) << GROUP_SHIFT

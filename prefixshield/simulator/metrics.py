@@ -74,36 +74,61 @@ def summarize(result: RunResult) -> dict:
     att = attacker_group(result)
     if att is None:
         pressure = {"pressure_ratio": float("nan"), "mean_debt_blocks": float("nan")}
+        kv = None
     else:
         window = result.trace_meta.get("pressure_window_s") or measured_window(result)
         pressure = creation(result, att, tuple(window))
-    if att is None:
-        kv = {"attacker_block_s": float("nan"), "attacker_kv_share": float("nan")}
+        kv = (rec["block_s"][rec["group"] == att], rec["block_s"])
+    return summary_of(pop.__getitem__, len(pop), bool((pop["role"] == "victim").any()),
+                      int(rec["preemptions"].sum()), kv, pressure, int(result.evictions.sum()),
+                      result.num_steps, result.num_events)
+
+
+def summary_of(column, count: int, victims: bool, preemptions: int,
+               kv: tuple[pd.Series, pd.Series] | None, pressure: dict, evictions: int,
+               num_steps: int, num_events: int) -> dict:
+    """:func:`summarize`'s dict from its parts, for runs whose records are in memory and for
+    streamed runs that read them from a file a column at a time
+    (:mod:`prefixshield.simulator.stream`): the same expressions on the same values.
+
+    Args:
+        column: name -> that column of the judged population (:func:`population`), a Series.
+        count: requests in the population; ``victims``: whether it is the measured victims.
+        preemptions: preemptions of every request.
+        kv: the attacker's requests' ``block_s`` and every request's (Series), None without
+            an attacker.
+        pressure: the attacker's ``pressure_ratio`` and ``mean_debt_blocks`` (NaN without).
+        evictions: cached blocks reclaimed; ``num_steps``, ``num_events``: the run's counts.
+    """
+    if kv is None:
+        kv_stats = {"attacker_block_s": float("nan"), "attacker_kv_share": float("nan")}
     else:
-        att_bs = float(rec.loc[rec["group"] == att, "block_s"].sum())
-        total = float(rec["block_s"].sum())
-        kv = {"attacker_block_s": att_bs,
-              "attacker_kv_share": att_bs / total if total > 0 else float("nan")}
+        att_bs = float(kv[0].sum())
+        total = float(kv[1].sum())
+        kv_stats = {"attacker_block_s": att_bs,
+                    "attacker_kv_share": att_bs / total if total > 0 else float("nan")}
+    some = count > 0
     return {
-        "population": "victim" if (pop["role"] == "victim").any() else "all",
-        "requests": int(len(pop)),
-        "hit_ratio": float(pop["hit_fraction"].mean()) if len(pop) else float("nan"),
-        "token_hit_ratio": (float(pop["cached_tokens"].sum() / pop["prompt_tokens"].sum())
-                            if len(pop) else float("nan")),
-        "p50_ttft_s": _p(pop["ttft_s"], 50),
-        "p95_ttft_s": _p(pop["ttft_s"], 95),
-        "mean_e2e_s": float(pop["e2e_s"].mean()) if len(pop) else float("nan"),
-        "preemptions": int(rec["preemptions"].sum()),
-        "evictions": int(result.evictions.sum()),
+        "population": "victim" if victims else "all",
+        "requests": int(count),
+        "hit_ratio": float(column("hit_fraction").mean()) if some else float("nan"),
+        "token_hit_ratio": (float(column("cached_tokens").sum()
+                                  / column("prompt_tokens").sum())
+                            if some else float("nan")),
+        "p50_ttft_s": _p(column("ttft_s"), 50),
+        "p95_ttft_s": _p(column("ttft_s"), 95),
+        "mean_e2e_s": float(column("e2e_s").mean()) if some else float("nan"),
+        "preemptions": int(preemptions),
+        "evictions": int(evictions),
         "attacker_pressure_ratio": pressure["pressure_ratio"],
         "attacker_mean_debt_blocks": pressure["mean_debt_blocks"],
-        "mean_queue_s": float(pop["queue_s"].mean()) if len(pop) else float("nan"),
-        "p95_queue_s": _p(pop["queue_s"], 95),
-        "arrival_hit_ratio": (float(pop["arrival_hit_fraction"].mean()) if len(pop)
+        "mean_queue_s": float(column("queue_s").mean()) if some else float("nan"),
+        "p95_queue_s": _p(column("queue_s"), 95),
+        "arrival_hit_ratio": (float(column("arrival_hit_fraction").mean()) if some
                               else float("nan")),
-        **kv,
-        "sim_steps": int(result.num_steps),
-        "sim_events": int(result.num_events),
+        **kv_stats,
+        "sim_steps": int(num_steps),
+        "sim_events": int(num_events),
     }
 
 
