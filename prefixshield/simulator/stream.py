@@ -51,7 +51,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterator, Mapping
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
@@ -70,6 +70,7 @@ from prefixshield.simulator.metrics import summary_of
 from prefixshield.simulator.records import build_records
 from prefixshield.tenancy import DEFAULT_CONTRACTS, Contract
 from prefixshield.traces.schema import Trace, offsets_of
+from prefixshield.traces.stream import TraceStream
 
 STREAM_WINDOW_ROWS = 1 << 17
 """New arrivals a window takes at each slide (~40 MiB of per-request arrays and hashes with
@@ -77,41 +78,6 @@ STREAM_WINDOW_ROWS = 1 << 17
 
 _ROW_COLUMNS = ("request_id", "arrival_s", "group_id", "contract_id", "role", "prefix_id",
                 "measured", "output_tokens", "output_segment_id", "prompt_tokens")
-
-
-class TraceStream:
-    """A trace given as consecutive chunks of rows, in arrival order.
-
-    Attributes:
-        seed, vocab_size, meta: the trace's fields (as :class:`Trace`'s).
-        groups, contracts: the configured names of the whole trace, in
-            :meth:`Trace.group_names` order (declared, then by first arrival).
-        chunks: a callable returning an iterator of validated :class:`Trace` chunks; row
-            numbers go on from chunk to chunk.
-    """
-
-    def __init__(self, seed: int, vocab_size: int, meta: dict, groups: list[str],
-                 contracts: list[str], chunks) -> None:
-        self.seed, self.vocab_size, self.meta = int(seed), int(vocab_size), meta
-        self.groups, self.contracts = list(groups), list(contracts)
-        self.chunks = chunks
-
-    @classmethod
-    def of_trace(cls, trace: Trace, rows: int) -> "TraceStream":
-        """An in-memory trace in chunks of ``rows`` rows (tests; the same run as the trace's)."""
-        df = trace.requests
-
-        def chunks() -> Iterator[Trace]:
-            for lo in range(0, len(df), rows):
-                yield Trace(df.iloc[lo:lo + rows].reset_index(drop=True), trace.seed,
-                            trace.vocab_size, trace.meta)
-        return cls(trace.seed, trace.vocab_size, trace.meta, trace.group_names(),
-                   trace.contract_names(), chunks)
-
-    def tenants_meta(self) -> dict:
-        """``meta`` declaring every group and contract of the whole trace (a chunk's
-        :meth:`Trace.group_names` is then the trace's)."""
-        return {**self.meta, "tenants": {"groups": self.groups, "contracts": self.contracts}}
 
 
 class Window:
@@ -200,52 +166,32 @@ def window_of(trace: Trace, groups: list[str], contracts: list[str], base: int) 
 
 
 class _Feed:
-    """The source's rows as :class:`Window` pieces, taken a number of rows at a time; checks
-    across chunks what a chunk's own validation cannot see (arrivals that go back, request
-    ids that do not increase), naming the row."""
+    """The stream's rows as :class:`Window` pieces, taken a number of rows at a time; each
+    piece checked to fit the pool (:func:`check_fits`, naming the row)."""
 
     def __init__(self, stream: TraceStream, config: EngineConfig) -> None:
         self.stream, self.config = stream, config
-        self.it = iter(stream.chunks())
+        self.it = stream.rows()
         self.buf: list[Window] = []
         self.buffered = 0
-        self.next_row = 0      # trace row of the first row not yet read from the source
         self.done = False
-        self.last_arrival, self.last_id = -np.inf, -1
         self.first: Trace | None = None   # the first chunk with rows (it builds the engine)
 
-    def _read(self) -> bool:
+    def _read(self) -> None:
         try:
-            chunk = next(self.it)
+            base, chunk = next(self.it)
         except StopIteration:
             self.done = True
-            return False
+            return
         s = self.stream
-        w = window_of(chunk, s.groups, s.contracts, self.next_row)
-        if len(w) and self.first is None:
+        w = window_of(chunk, s.groups, s.contracts, base)
+        if self.first is None:
             self.first = chunk
-        if len(w):
-            self._check(w)
-            self.buf.append(w)
-            self.buffered += len(w)
-            self.next_row += len(w)
-        return True
-
-    def _check(self, w: Window) -> None:
-        row, src = w.base, self.stream.meta.get("source", "<trace stream>")
-        if w.arrival_s[0] < self.last_arrival:
-            raise EngineError(f"{src}: row {row}: field arrival_s decreases "
-                              f"({self.last_arrival} then {w.arrival_s[0]}); traces are "
-                              f"sorted by arrival")
-        if w.request_id[0] <= self.last_id or (np.diff(w.request_id) <= 0).any():
-            bad = row + (0 if w.request_id[0] <= self.last_id
-                         else int(np.argmax(np.diff(w.request_id) <= 0)) + 1)
-            raise EngineError(f"{src}: row {bad}: field request_id must increase with "
-                              f"arrival in a streamed trace")
-        err = check_fits(self.config, w.prompt_tokens, w.output_tokens, w.request_id, row)
+        err = check_fits(self.config, w.prompt_tokens, w.output_tokens, w.request_id, base)
         if err is not None:
             raise err
-        self.last_arrival, self.last_id = float(w.arrival_s[-1]), int(w.request_id[-1])
+        self.buf.append(w)
+        self.buffered += len(w)
 
     def take(self, k: int) -> list[Window]:
         """The next ``k`` rows (fewer at the source's end) as pieces."""

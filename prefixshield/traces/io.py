@@ -21,16 +21,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from prefixshield.atomic import atomic_path
 from prefixshield.traces.schema import TRACE_COLUMNS, Trace, TraceError, build_requests
+from prefixshield.traces.stream import TraceStream
 
 FORMAT = "trace/1"
 _KEY_FORMAT = b"prefixshield.format"
@@ -176,30 +179,18 @@ def _check_column(table: pa.Table, name: str, src: str) -> Any:
     return col.cast(pa.float64()).to_numpy()
 
 
-def read_trace(path: str | os.PathLike) -> Trace:
-    """Read and validate a trace written by :func:`write_trace`.
-
-    Args:
-        path: a Parquet trace file.
-
-    Returns:
-        The trace; list columns hold numpy int64 arrays.
-
-    Raises:
-        TraceError: naming the file and what is wrong: missing file, not Parquet, missing
-            metadata or column, wrong column type, or a bad field (with its row number).
-    """
-    path = Path(path)
+def _check_path(path: Path) -> str:
+    """``path`` as errors name it; raises unless it is an existing file."""
     src = str(path)
     if not path.exists():
         raise TraceError(f"{src}: no such file")
     if not path.is_file():
         raise TraceError(f"{src}: not a file")
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
-        raise TraceError(f"{src}: not a readable Parquet file ({e})") from None
-    md = table.schema.metadata or {}
+    return src
+
+
+def _header(md: dict, src: str) -> tuple[int, int, dict[str, Any]]:
+    """``(seed, vocab_size, meta)`` from a trace file's schema metadata."""
     fmt = md.get(_KEY_FORMAT)
     if fmt is not None and fmt.decode(errors="replace") != FORMAT:
         raise TraceError(f"{src}: unsupported trace format {fmt.decode(errors='replace')!r}, "
@@ -215,12 +206,100 @@ def read_trace(path: str | os.PathLike) -> Trace:
                 from None
         if not isinstance(meta, dict):
             raise TraceError(f"{src}: schema metadata 'prefixshield.meta' must be a JSON object")
-    missing = [c for c in TRACE_COLUMNS if c not in table.column_names]
+    return seed, vocab, meta
+
+
+def _check_columns(names: list[str], src: str) -> None:
+    missing = [c for c in TRACE_COLUMNS if c not in names]
     if missing:
         raise TraceError(f"{src}: missing column(s) {', '.join(missing)}")
+
+
+def _trace_of(table: pa.Table, src: str, seed: int, vocab: int, meta: dict) -> Trace:
+    """The (not yet validated) trace of a table of trace rows."""
     columns: dict[str, Any] = {name: _check_column(table, name, src) for name in TRACE_COLUMNS}
     for name in table.column_names:
         if name not in columns:
             columns[name] = table.column(name).to_pandas()
-    trace = Trace(requests=build_requests(columns), seed=seed, vocab_size=vocab, meta=meta)
-    return trace.validate(src)
+    return Trace(requests=build_requests(columns), seed=seed, vocab_size=vocab, meta=meta)
+
+
+def read_trace(path: str | os.PathLike) -> Trace:
+    """Read and validate a trace written by :func:`write_trace`.
+
+    Args:
+        path: a Parquet trace file.
+
+    Returns:
+        The trace; list columns hold numpy int64 arrays.
+
+    Raises:
+        TraceError: naming the file and what is wrong: missing file, not Parquet, missing
+            metadata or column, wrong column type, or a bad field (with its row number).
+    """
+    src, table, (seed, vocab, meta) = _open(path, pq.read_table)
+    return _trace_of(table, src, seed, vocab, meta).validate(src)
+
+
+def _open(path: str | os.PathLike, reader) -> tuple[str, Any, tuple[int, int, dict]]:
+    """``(what errors name, reader(path), (seed, vocab_size, meta))`` of a trace file, its
+    header and columns checked (``reader``: ``pq.read_table`` or ``pq.ParquetFile``)."""
+    path = Path(path)
+    src = _check_path(path)
+    try:
+        opened = reader(path)
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
+        raise TraceError(f"{src}: not a readable Parquet file ({e})") from None
+    schema = opened.schema if isinstance(opened, pa.Table) else opened.schema_arrow
+    header = _header(schema.metadata or {}, src)
+    _check_columns(schema.names, src)
+    return src, opened, header
+
+
+STREAM_BATCH_ROWS = 1 << 16
+"""Rows :func:`stream_trace` reads at a time."""
+
+
+def _rows_on(message: str, base: int) -> str:
+    """``message`` with its ``row N`` (of a batch) made the row of the file."""
+    return re.sub(r": row (\d+):", lambda m: f": row {int(m.group(1)) + base}:", message,
+                  count=1)
+
+
+def stream_trace(path: str | os.PathLike, batch_rows: int = STREAM_BATCH_ROWS) -> TraceStream:
+    """A trace file as a :class:`~prefixshield.traces.stream.TraceStream`: its rows read
+    ``batch_rows`` at a time in file order (``ParquetFile.iter_batches``), each batch
+    validated as :func:`read_trace` validates a trace, errors naming the row of the file.
+    Memory holds one batch, whatever the file's length.
+
+    The groups and contracts (in :meth:`Trace.group_names` order) come from a first pass
+    over those two columns, a batch at a time.
+
+    Raises:
+        TraceError: as :func:`read_trace` (the header and columns at once; a bad row when
+            the stream reaches it).
+    """
+    src, pf, (seed, vocab, meta) = _open(path, pq.ParquetFile)
+    tenants = meta.get("tenants", {}) if isinstance(meta.get("tenants"), dict) else {}
+    names = {k: dict.fromkeys(map(str, tenants.get(f"{k}s", []))) for k in ("group", "contract")}
+    for batch in pf.iter_batches(batch_size=batch_rows, columns=["group", "contract"]):
+        for k in names:
+            col = batch.column(k)
+            if col.null_count:
+                break   # the row's own validation names it
+            names[k].update(dict.fromkeys(map(str, pd.unique(col.to_numpy(
+                zero_copy_only=False)))))
+
+    def chunks():
+        base = 0
+        for batch in pf.iter_batches(batch_size=batch_rows):
+            table = pa.Table.from_batches([batch])
+            try:
+                trace = _trace_of(table, src, seed, vocab, meta).validate(src)
+            except TraceError as e:
+                raise TraceError(_rows_on(str(e), base)) from None
+            base += len(trace)
+            yield trace
+
+    return TraceStream(seed, vocab, meta, list(names["group"]), list(names["contract"]),
+                       chunks, source=src)

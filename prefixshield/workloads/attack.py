@@ -35,17 +35,22 @@ designed ratio in ``meta["designed_pressure_ratio"]``; a run reports the *measur
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
+from prefixshield.edges import MAX_REQUESTS, check_count, check_requests
 from prefixshield.tenancy import DEFAULT_CONTRACTS, Contract
 from prefixshield.traces.rows import RequestRows
 from prefixshield.traces.schema import Trace
+from prefixshield.traces.segments import SegmentKind, segment_ids
+from prefixshield.traces.stream import TraceStream, concat_traces
 from prefixshield.workloads.base import (STREAM_ATTACKER, STREAM_VICTIM, PrefixParams,
                                          add_cyclic_stream, add_fresh_prefixes, check,
-                                         periodic_times, rng_for)
+                                         periodic_times, prefix_suffix_prompts, renewal_times,
+                                         rng_for)
 from prefixshield.workloads.registry import params_to_dict
 
 # Group indices of the segment-id namespaces (fixed per role, see traces/segments.py).
@@ -195,6 +200,117 @@ def drop_role(p: AttackParams) -> str | None:
     return None if p.attack else "attacker"
 
 
+GEN_WINDOW_S = 600.0
+"""Seconds of the measured phase one generated window covers (:func:`fresh_prefix_windows`):
+a trace whose measured phase is at most this long is drawn whole, as it always was (every
+pinned digest); a longer one is drawn a window at a time, in memory or streamed, the same
+rows either way."""
+
+
+def window_rng(seed: int, stream: int, k: int) -> np.random.Generator:
+    """The generator of one role's stream in window ``k``: the role's own stream for window
+    0 (:func:`rng_for`), ``default_rng([seed, stream, k])`` after it."""
+    return rng_for(seed, stream) if k == 0 else np.random.default_rng([int(seed), stream, k])
+
+
+def _periodic_count(rate: float, w0: float, w1: float, x: float) -> int:
+    """How many times of :func:`periodic_times` ``(rate, w0, w1)`` (``w0 + j / rate``, the
+    same float operations) are below ``x``: an estimate, then the exact times around it."""
+    n = max(0, math.ceil((w1 - w0) * rate - 1e-9))
+    j = min(n, max(0, math.floor((min(x, w1) - w0) * rate) - 2))
+    while j < n and w0 + j / rate < min(x, w1):
+        j += 1
+    return j
+
+
+def _periodic_slice(rate: float, w0: float, w1: float, a: float, b: float) -> np.ndarray:
+    """The ordinals ``j`` of :func:`periodic_times` ``(rate, w0, w1)`` whose time is in
+    ``[a, b)``, without drawing the others."""
+    return np.arange(_periodic_count(rate, w0, w1, a), _periodic_count(rate, w0, w1, b),
+                     dtype=np.int64)
+
+
+class _Window(NamedTuple):
+    """What :func:`fresh_prefix_windows` draws and keeps from window to window."""
+
+    rows: int               # rows numbered so far (request ids, before a control drops any)
+    victim_rows: int        # victim rows so far (its suffix segments)
+    victim_measured: int    # victim measured rows so far (its hot-prefix cycle)
+
+
+def fresh_prefix_windows(name: str, p: AttackParams) -> tuple[dict, Iterator[Trace]]:
+    """:func:`fresh_prefix_attack` (unaimed) a window of :data:`GEN_WINDOW_S` seconds of the
+    measured phase at a time: the meta of the whole trace (``measured_requests`` None: not
+    known before the last window) and an iterator of validated window traces, rows in arrival
+    order, request ids going on from window to window.
+
+    Window ``k`` covers ``[start + k W, start + (k + 1) W)`` of the measured phase (window 0
+    also the warm-up). The victim's Poisson arrivals, suffixes and outputs there are drawn from
+    :func:`window_rng` ``(seed, STREAM_VICTIM, k)``, its hot prefixes cycling on from the
+    previous window; the attacker's times are those of the whole trace (periodic: the same
+    floats), its suffixes and outputs drawn from ``window_rng(seed, STREAM_ATTACKER, k)``,
+    prefix ids its ordinals. Poisson arrivals restarted at a window's start are the same
+    process (memoryless); what changes against one draw over the whole phase is which random
+    numbers fall where. Every window declares both tenants (the meta's ``tenants`` are the
+    whole trace's)."""
+    hot = p.hot_prefixes
+    gap = p.victim_warmup_gap
+    check_count(hot, MAX_REQUESTS, "victim prefixes (one warm-up request each)")
+    start = hot * gap
+    end = start + p.duration_s
+    w0 = start + p.pressure_start_s
+    w1 = end if p.pressure_duration_s is None else min(end, w0 + p.pressure_duration_s)
+    rate = p.attacker_request_rate()
+    victim = {"measure_start_s": float(start), "measure_end_s": float(end),
+              "warmup_requests": int(hot), "measured_requests": None}
+    meta = attack_meta(name, p, victim, rate, (w0, w1),
+                       attacker_requests=_periodic_count(rate, w0, w1, w1))
+    meta["tenants"] = {
+        "groups": list(dict.fromkeys([p.victim_group, p.attacker_group])),
+        "contracts": list(dict.fromkeys([p.victim_contract, p.attacker_contract]))}
+    windows = max(1, math.ceil(p.duration_s / GEN_WINDOW_S))
+
+    def draw() -> Iterator[Trace]:
+        state = _Window(0, 0, 0)
+        for k in range(windows):
+            a, b = start + k * GEN_WINDOW_S, min(end, start + (k + 1) * GEN_WINDOW_S)
+            rows = RequestRows()
+            rows.declare(p.victim_group, p.victim_contract)
+            rows.declare(p.attacker_group, p.attacker_contract)
+            rng = window_rng(p.seed, STREAM_VICTIM, k)
+            warm_t = np.arange(hot) * gap if k == 0 else np.empty(0)
+            meas_t = renewal_times(rng, p.base_rate, a, b)
+            n_w, n_m = len(warm_t), len(meas_t)
+            n = n_w + n_m
+            prefix_idx = np.concatenate([np.arange(n_w),
+                                         state.victim_measured + np.arange(n_m)]) % hot
+            suffix_len = p.draw_suffixes(rng, n)
+            out = p.draw_outputs(rng, n)
+            ids, lens = prefix_suffix_prompts(
+                segment_ids(GI_VICTIM, SegmentKind.PREFIX, prefix_idx), p.prefix_tokens,
+                segment_ids(GI_VICTIM, SegmentKind.SUFFIX, state.victim_rows + np.arange(n)),
+                suffix_len)
+            rows.add(np.concatenate([warm_t, meas_t]), p.victim_group, p.victim_contract,
+                     "victim", prefix_idx, np.arange(n) >= n_w, out, ids, lens)
+            js = _periodic_slice(rate, w0, w1, a, b)
+            rng = window_rng(p.seed, STREAM_ATTACKER, k)
+            att_suffix = p.draw_suffixes(rng, len(js))
+            att_out = p.draw_outputs(rng, len(js))
+            ids, lens = prefix_suffix_prompts(
+                segment_ids(GI_ATTACKER, SegmentKind.PREFIX, js), p.prefix_tokens,
+                segment_ids(GI_ATTACKER, SegmentKind.SUFFIX, js), att_suffix)
+            rows.add(w0 + js / rate, p.attacker_group, p.attacker_contract, "attacker", js,
+                     True, att_out, ids, lens)
+            trace = rows.finish(p.seed, p.vocab_size, meta, drop_role=drop_role(p))
+            trace.requests["request_id"] += state.rows
+            trace.meta = meta
+            state = _Window(state.rows + n + len(js), state.victim_rows + n,
+                            state.victim_measured + n_m)
+            yield trace
+
+    return meta, draw()
+
+
 def fresh_prefix_attack(name: str, p: AttackParams, aim=None) -> Trace:
     """The victim stream plus an attacker sending a never-seen prefix and suffix every
     ``1 / attacker_request_rate()`` seconds through the pressure window.
@@ -203,7 +319,21 @@ def fresh_prefix_attack(name: str, p: AttackParams, aim=None) -> Trace:
     ``(prefix_ids, extra meta)``: distinct non-negative ids, one per request in order (an
     attacker choosing its session ids to steer a router). The content stays fresh either way
     and the suffix and output lengths are drawn in the same order, so an aimed trace differs
-    from the unaimed one only in its attacker's prefix ids and token ids."""
+    from the unaimed one only in its attacker's prefix ids and token ids.
+
+    An unaimed trace whose measured phase is longer than :data:`GEN_WINDOW_S` is the
+    concatenation of :func:`fresh_prefix_windows` (the rows a streamed run of it reads); each
+    role's stream may still hold at most :data:`~prefixshield.edges.MAX_REQUESTS` requests
+    in memory."""
+    if aim is None and p.duration_s > GEN_WINDOW_S:
+        check_requests(p.base_rate, p.duration_s, "victim arrivals")
+        check_requests(p.attacker_request_rate(), p.duration_s, "attacker arrivals")
+        meta, parts = fresh_prefix_windows(name, p)
+        parts = list(parts)
+        measured = sum(int((t.requests["role"] == "victim").sum()) for t in parts) \
+            - p.hot_prefixes
+        meta = {**meta, "measured_requests": measured}
+        return concat_traces(parts, p.seed, p.vocab_size, meta)
     rows = RequestRows()
     victim, w0, w1 = victim_and_window(p, rows)
     rate = p.attacker_request_rate()
@@ -222,3 +352,28 @@ def fresh_prefix_attack(name: str, p: AttackParams, aim=None) -> Trace:
                        contract=p.attacker_contract, role="attacker", suffix_len=suffix_len)
     meta = attack_meta(name, p, victim, rate, (w0, w1), attacker_requests=len(t), **extra)
     return rows.finish(p.seed, p.vocab_size, meta, drop_role=drop_role(p))
+
+
+STREAMED_WORKLOADS = ("one_touch", "low_and_slow")
+"""The workloads whose generator draws windows of time (:func:`fresh_prefix_windows`): a
+streamed run reads them a window at a time (unaimed ``one_touch``)."""
+
+
+def stream_attack(name: str, p: AttackParams) -> TraceStream:
+    """Workload ``name`` (one of :data:`STREAMED_WORKLOADS`) with params ``p`` as a
+    :class:`~prefixshield.traces.stream.TraceStream` of windows: the rows
+    :func:`fresh_prefix_attack` builds, one window in memory at a time.
+
+    Raises:
+        ValueError: the workload draws its whole trace at once (or ``one_touch`` is aimed:
+            its prefix ids depend on every attacker request).
+    """
+    if name not in STREAMED_WORKLOADS or getattr(p, "aim", "none") != "none":
+        why = ("aim=session picks every attacker id together" if name == "one_touch"
+               else "its generator draws the whole trace at once")
+        raise ValueError(f"workload {name!r} cannot be streamed: {why}; streamed generation: "
+                         f"{', '.join(STREAMED_WORKLOADS)} (aim=none), or a trace file")
+    meta, _ = fresh_prefix_windows(name, p)
+    tenants = meta["tenants"]
+    return TraceStream(p.seed, p.vocab_size, meta, tenants["groups"], tenants["contracts"],
+                       lambda: fresh_prefix_windows(name, p)[1], source=f"<{name}>")

@@ -14,7 +14,9 @@ from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import load_profile
 from prefixshield.simulator.engine import Engine, EngineError
 from prefixshield.simulator.metrics import summarize
-from prefixshield.simulator.stream import StreamedRun, TraceStream, summarize_files
+from prefixshield.simulator.stream import StreamedRun, summarize_files
+from prefixshield.traces.schema import Trace, TraceError
+from prefixshield.traces.stream import TraceStream
 from prefixshield.workloads import generate
 
 COST = load_profile("l4-qwen2.5-1.5b").cost
@@ -82,14 +84,59 @@ def test_arrivals_that_go_back_across_chunks_name_the_row(tmp_path):
     df = trace.requests
     first, rest = df.iloc[:10].copy(), df.iloc[10:20].copy()
     first["arrival_s"] += 1000.0   # each chunk sorted, the second one earlier
-    from prefixshield.traces.schema import Trace
-
     chunks = [Trace(p.reset_index(drop=True), trace.seed, trace.vocab_size, trace.meta)
               for p in (first, rest)]
     stream = TraceStream(trace.seed, trace.vocab_size, trace.meta, trace.group_names(),
                          trace.contract_names(), lambda: iter(chunks))
     run = StreamedRun(stream, make_policy("lru", 512), COST, EngineConfig(), tmp_path,
                       window_rows=4)
-    with pytest.raises(EngineError, match="row 10: field arrival_s decreases"):
+    with pytest.raises(TraceError, match="row 10: field arrival_s decreases"):
         run.run()
     assert not list(tmp_path.iterdir()) or not list(tmp_path.glob("*.parquet"))
+
+
+def test_a_trace_file_streams_in_row_batches_with_the_same_run(tmp_path):
+    from prefixshield.traces.io import stream_trace, write_trace
+
+    trace = small_trace("one_touch", seed=3)
+    write_trace(trace, tmp_path / "t.parquet")
+    stream = stream_trace(tmp_path / "t.parquet", batch_rows=4)
+    assert stream.groups == trace.group_names() and stream.contracts == trace.contract_names()
+    config = EngineConfig(num_blocks=512)
+    whole = Engine(trace, make_policy("lru", 512), COST, config).run()
+    streamed = StreamedRun(stream, make_policy("lru", 512), COST, config, tmp_path / "out",
+                           window_rows=2).run()
+    assert_same_run(whole, streamed.load())
+
+
+def test_a_bad_row_of_a_streamed_file_is_named_by_its_row_in_the_file(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from prefixshield.traces.io import stream_trace, write_trace
+
+    write_trace(small_trace("one_touch", seed=3), tmp_path / "t.parquet")
+    table = pq.read_table(tmp_path / "t.parquet")
+    out = table.column("output_tokens").to_numpy().copy()
+    out[13] = 0
+    i = table.schema.get_field_index("output_tokens")
+    pq.write_table(table.set_column(i, "output_tokens", pa.array(out)), tmp_path / "bad.parquet")
+    stream = stream_trace(tmp_path / "bad.parquet", batch_rows=5)
+    with pytest.raises(TraceError, match="row 13: field output_tokens must be >= 1"):
+        list(stream.rows())
+
+
+def test_a_long_generated_workload_streams_the_rows_of_its_in_memory_trace():
+    from prefixshield.traces.stream import concat_traces
+    from prefixshield.workloads import make_params
+    from prefixshield.workloads.attack import GEN_WINDOW_S, stream_attack
+
+    for kw in (dict(seed=5, duration_s=400.0),                 # one window: today's trace
+               dict(seed=3, duration_s=2.5 * GEN_WINDOW_S, base_rate=5.0)):
+        whole = generate("one_touch", **kw)
+        stream = stream_attack("one_touch", make_params("one_touch", **kw))
+        parts = list(stream.chunks())
+        assert len(parts) == (1 if kw["duration_s"] <= GEN_WINDOW_S else 3)
+        assert concat_traces(parts, stream.seed, stream.vocab_size, whole.meta).equals(whole)
+        assert stream.groups == whole.group_names()
+    with pytest.raises(ValueError, match="cannot be streamed"):
+        stream_attack("one_touch", make_params("one_touch", aim="session"))
