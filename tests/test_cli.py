@@ -192,3 +192,19 @@ def test_out_is_checked_before_simulating(tmp_path):
     f.write_text("x")
     r = invoke("run", "one_touch", "-p", "lru", *SMALL, "--out", f / "sub")
     assert r.exit_code != 0 and "not a writable folder" in r.output
+
+
+def test_run_stream_writes_the_files_and_summary_of_the_unstreamed_run(tmp_path):
+    args = ("run", "one_touch", "-p", "lru", "-p", "prefixshield", *SMALL, "--no-plot")
+    assert invoke(*args, "--out", tmp_path / "whole").exit_code == 0
+    r = invoke(*args, "--stream", "--out", tmp_path / "streamed")
+    assert r.exit_code == 0, r.output
+    whole, streamed = tmp_path / "whole", tmp_path / "streamed"
+    assert (whole / "summary.csv").read_text() == (streamed / "summary.csv").read_text()
+    for policy in ("lru", "prefixshield"):
+        for name in ("records", "occupancy", "held"):
+            pd.testing.assert_frame_equal(pd.read_parquet(streamed / policy / f"{name}.parquet"),
+                                          pd.read_parquet(whole / policy / f"{name}.parquet"))
+        for name in ("evictions.csv", "policy_stats.json"):
+            assert (streamed / policy / name).read_text() == (whole / policy / name).read_text()
+    assert json.loads((streamed / "config.json").read_text())["trace"]["streamed"] is True

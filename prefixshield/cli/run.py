@@ -58,10 +58,19 @@ _CONTRACTS = click.option(
               help="Trace files: rescale arrival times (one factor) so the trace's mean rate is "
                    "LOAD x C_prefill of this profile and engine, measured with the trace's own "
                    "request shapes (order, burstiness and prefixes kept; gaps scaled).")
+@click.option("--stream", is_flag=True,
+              help="Stream the trace through the engine in windows of requests, so memory does "
+                   "not grow with its length (10^7 requests and more). Needs --out: records, "
+                   "occupancy and held blocks are written as the run goes and the summary is "
+                   "computed from them (the same figures as without --stream). For trace files "
+                   "and the workloads generated in windows of time (one_touch with aim=none, "
+                   "low_and_slow); one engine under fcfs without per-tenant limits, policies "
+                   "lru, prefixshield, static_quota, s3fifo. Not written: trace.parquet, "
+                   "groups.csv, the figure.")
 @_user_errors
 def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
         max_num_batched_tokens, profile, scheduler, fleet, seed, alpha, overrides, out_dir, plot,
-        check_invariants, c_prefill_basis, contracts_mode, scale_to_load):
+        check_invariants, c_prefill_basis, contracts_mode, scale_to_load, stream):
     """Simulate WORKLOAD under one or more policies and print a summary table.
 
     WORKLOAD is a generated workload name or a trace .parquet file (see `prefixshield trace`).
@@ -83,6 +92,9 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
     spec = RunSpec(workload=workload, policies=_policy_names(policies), engine=engine,
                    profile=load_profile(profile), alpha=alpha, seed=seed, overrides=typed,
                    scale_to_load=scale_to_load, c_prefill_basis=c_prefill_basis, fleet=fleet)
+    if stream:
+        _run_stream(spec, out_dir, contracts_mode)
+        return
     trace, info = build_trace(spec)
     _print_header(workload, trace, spec, info)
     if "time_factor" in info:
@@ -95,12 +107,7 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
     timings: dict[str, float] = {}
     failures: dict[str, str] = {}
     with console.status("simulating...") as status:
-        t0 = [time.perf_counter()]
-
-        def done(name, _result):
-            timings[name] = time.perf_counter() - t0[0]
-            t0[0] = time.perf_counter()
-            status.update(f"simulated {name} in {timings[name]:.2f} s")
+        done = _on_done(status, timings, lambda name, _result, s: f"simulated {name} in {s:.2f} s")
 
         results = run_policies(trace, spec, on_done=done, failures=failures)
     _print_summary(results, timings, failures)
@@ -351,11 +358,59 @@ def _print_fleet(results) -> None:
         console.print(t)
 
 
+def _run_stream(spec, out_dir, contracts_mode) -> None:
+    """``run --stream``: each policy's run streamed into ``out_dir``
+    (:mod:`prefixshield.experiments.streamed`), then the summary table."""
+    from prefixshield.experiments.streamed import build_stream, run_streamed_outputs
+
+    if not out_dir:
+        raise click.UsageError("--stream writes the records to files as the run goes: give "
+                               "--out DIR")
+    if contracts_mode == "fit":
+        raise click.UsageError("--stream: --contracts fit runs LRU on the whole trace first; "
+                               "use the reference contracts")
+    stream, info = build_stream(spec)
+    e = spec.engine
+    console.print(f"[bold]{spec.workload}[/] (streamed): {len(stream.groups)} groups; profile "
+                  f"{spec.profile.name}; {e.num_blocks} blocks x {e.block_size} tokens; vLLM "
+                  f"compat {e.vllm_compat}")
+    timings: dict[str, float] = {}
+    failures: dict[str, str] = {}
+    with console.status("simulating (streamed)...") as status:
+        done = _on_done(status, timings, lambda name, r, s: (
+            f"simulated {name}: {r.requests:,} requests in {s:.2f} s, {r.num_windows:,} "
+            "windows"))
+
+        results = run_streamed_outputs(out_dir, spec, stream, info, on_done=done,
+                                       failures=failures)
+    _print_summaries({p: r.summary for p, r in results.items()}, timings, failures)
+    console.print(f"wrote streamed results to {out_dir}/")
+    if not results:
+        raise click.ClickException("no policy could serve this trace (see the table)")
+
+
+def _on_done(status, timings: dict[str, float], describe):
+    """A per-policy callback that times each run (seconds since the previous one, into
+    ``timings``) and shows ``describe(name, result, seconds)`` in ``status``."""
+    t0 = [time.perf_counter()]
+
+    def done(name, result):
+        timings[name] = time.perf_counter() - t0[0]
+        t0[0] = time.perf_counter()
+        status.update(describe(name, result, timings[name]))
+    return done
+
+
 def _print_summary(results, timings, failures=None) -> None:
     from prefixshield.simulator.metrics import summarize
 
+    _print_summaries({p: summarize(r) for p, r in results.items()}, timings, failures)
+
+
+def _print_summaries(summaries: dict, timings, failures=None) -> None:
+    """The summary table of runs given as their summary dicts (policy label -> dict)."""
     failures = failures or {}
-    pop = summarize(next(iter(results.values())))["population"] if results else "all"
+    pop = next(iter(summaries.values()))["population"] if summaries else "all"
     table = Table(title=f"judged population: {'measured victim' if pop == 'victim' else 'all measured'} requests")
     attack = pop == "victim"
     cols = ["policy", "requests", "hit ratio", "at arrival", "token hit ratio", "P50 TTFT (s)",
@@ -364,8 +419,7 @@ def _print_summary(results, timings, failures=None) -> None:
         cols += ["attacker pressure", "attacker debt (blocks)", "attacker KV share"]
     for col in cols + ["sim time (s)"]:
         table.add_column(col, justify="left" if col == "policy" else "right")
-    for name, r in results.items():
-        s = summarize(r)
+    for name, s in summaries.items():
         row = [name, str(s["requests"]), f"{100 * s['hit_ratio']:.2f}%",
                f"{100 * s['arrival_hit_ratio']:.2f}%",
                f"{100 * s['token_hit_ratio']:.2f}%", f"{s['p50_ttft_s']:.3f}",

@@ -12,9 +12,10 @@ import os
 import platform
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import pandas as pd
@@ -304,7 +305,13 @@ def summary_frame(results: dict[str, RunResult],
                   failures: dict[str, str] | None = None) -> pd.DataFrame:
     """One row per policy: ``status`` (``ok`` or ``failed``), ``error`` and the
     :func:`~prefixshield.simulator.metrics.summarize` metrics of each run (empty if failed)."""
-    rows = [{"policy": p, "status": "ok", "error": "", **summarize(r)} for p, r in results.items()]
+    return summary_table({p: summarize(r) for p, r in results.items()}, failures)
+
+
+def summary_table(summaries: dict[str, dict],
+                  failures: dict[str, str] | None = None) -> pd.DataFrame:
+    """:func:`summary_frame` from each run's summary dict (policy label -> dict)."""
+    rows = [{"policy": p, "status": "ok", "error": "", **s} for p, s in summaries.items()]
     rows += [{"policy": p, "status": "failed", "error": e} for p, e in (failures or {}).items()]
     df = pd.DataFrame(rows)
     for col in ("requests", "preemptions", "evictions", "sim_steps", "sim_events"):
@@ -378,17 +385,8 @@ def write_outputs(out_dir: str | Path, spec: RunSpec, trace: Trace, trace_info: 
     """
     from prefixshield.traces.io import write_trace
 
-    out = check_out_dir(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # A killed earlier run into the same --out left its staging (or swapped-out) folder.
-    for left in [*out.parent.glob(f".{glob.escape(out.name)}.*.new"),
-                 *out.parent.glob(f".{glob.escape(out.name)}.old-*")]:
-        shutil.rmtree(left, ignore_errors=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".new", dir=out.parent))
     written: list[Path] = []
-    try:
-        os.chmod(stage, 0o777 & ~_umask())
-
+    with staged(out_dir) as stage:
         def put_text(name: str, text: str) -> None:
             write_text(stage / name, text)
             written.append(Path(name))
@@ -407,9 +405,7 @@ def write_outputs(out_dir: str | Path, spec: RunSpec, trace: Trace, trace_info: 
             put_parquet(f"{d}/occupancy.parquet", occupancy_frame(r))
             put_parquet(f"{d}/held.parquet", held_frame(r))
             put_text(f"{d}/groups.csv", csv_safe(group_table(r)).to_csv(index=False))
-            put_text(f"{d}/evictions.csv", csv_safe(eviction_matrix(r)).to_csv())
-            put_text(f"{d}/policy_stats.json", json.dumps(r.policy_stats, indent=2,
-                                                          default=_jsonable) + "\n")
+            put_run_tables(put_text, d, r)
             if r.fleet is not None:
                 for name, df in fleet_tables(r).items():
                     put_text(f"{d}/fleet/{name}.csv", csv_safe(df).to_csv(
@@ -417,6 +413,33 @@ def write_outputs(out_dir: str | Path, spec: RunSpec, trace: Trace, trace_info: 
         put_text("summary.csv", summary_frame(results, failures).to_csv(index=False))
         if extra is not None:
             written += [p.relative_to(stage) for p in extra(stage)]
+    return [Path(out_dir) / p for p in written]
+
+
+def put_run_tables(put_text: Callable[[str, str], None], folder: str, result) -> None:
+    """A run's ``evictions.csv`` and ``policy_stats.json`` into ``folder`` (``result``: a
+    :class:`RunResult` or a streamed run's result: ``groups``, ``evictions``,
+    ``policy_stats``)."""
+    put_text(f"{folder}/evictions.csv", csv_safe(eviction_matrix(result)).to_csv())
+    put_text(f"{folder}/policy_stats.json", json.dumps(result.policy_stats, indent=2,
+                                                       default=_jsonable) + "\n")
+
+
+@contextmanager
+def staged(out_dir: str | Path) -> Iterator[Path]:
+    """A fresh folder beside ``out_dir`` to write a run's outputs into, which then replaces
+    ``out_dir`` whole (an earlier or interrupted run never leaves files that look current);
+    on an error it is removed and ``out_dir`` is left as it was."""
+    out = check_out_dir(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # A killed earlier run into the same --out left its staging (or swapped-out) folder.
+    for left in [*out.parent.glob(f".{glob.escape(out.name)}.*.new"),
+                 *out.parent.glob(f".{glob.escape(out.name)}.old-*")]:
+        shutil.rmtree(left, ignore_errors=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".new", dir=out.parent))
+    try:
+        os.chmod(stage, 0o777 & ~_umask())
+        yield stage
         old = None
         if out.exists():
             old = out.parent / f".{out.name}.old-{stage.name}"
@@ -427,7 +450,6 @@ def write_outputs(out_dir: str | Path, spec: RunSpec, trace: Trace, trace_info: 
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    return [out / p for p in written]
 
 
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")

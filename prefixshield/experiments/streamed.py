@@ -1,0 +1,93 @@
+"""``prefixshield run --stream``: a run whose memory does not grow with its trace.
+
+The trace comes as a :class:`~prefixshield.traces.stream.TraceStream` (a trace file read in row
+batches, or a workload generated in windows of time,
+:func:`~prefixshield.workloads.attack.stream_attack`) and each policy's run is a
+:class:`~prefixshield.simulator.stream.StreamedRun` writing into the staged output folder as it
+goes (:func:`~prefixshield.experiments.single.staged`: nothing half-written under ``--out``).
+
+The folder holds what an unstreamed run writes where the files can be written a chunk at a time
+-- ``config.json``, ``summary.csv`` (the same figures, bit for bit), per policy
+``records.parquet``, ``occupancy.parquet``, ``held.parquet``, ``evictions.csv``,
+``policy_stats.json`` -- plus ``creations.parquet`` (the creation log, which the summary reads).
+Not written: ``trace.parquet`` (the trace file itself, or the generator's parameters in
+``config.json``, which give the same rows), ``groups.csv`` (per-group percentiles of every
+group) and the comparison figure.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import json
+
+from prefixshield.atomic import write_text
+from prefixshield.experiments.overrides import parse_policy_spec
+from prefixshield.experiments.single import (RunSpec, _jsonable, config_record, is_trace_file,
+                                             label_dir, put_run_tables, resolve_params, staged,
+                                             summary_table)
+from prefixshield.policies import make_policy
+from prefixshield.simulator.engine import EngineError
+from prefixshield.simulator.stream import StreamedResult, run_streamed
+from prefixshield.traces.stream import TraceStream
+
+
+def build_stream(spec: RunSpec) -> tuple[TraceStream, dict]:
+    """The trace of ``spec`` as a stream, and how it was obtained (for ``config.json``).
+
+    Raises:
+        ValueError: what cannot stream (one line: a fleet, a rescaled file, a scheduler other
+            than FCFS without limits, a workload generated whole).
+    """
+    if spec.fleet is not None:
+        raise ValueError("--stream runs one engine; a fleet (--replicas) is not streamed")
+    if spec.scale_to_load is not None:
+        raise ValueError("--stream: --scale-to-engine rescales a whole trace in memory; "
+                         "rescale the file first")
+    if not spec.engine.scheduler.is_default:
+        raise ValueError(f"--stream takes the fused loop: scheduler fcfs without per-tenant "
+                         f"limits, got {spec.engine.scheduler.name}")
+    if is_trace_file(spec.workload):
+        from prefixshield.traces.io import stream_trace
+
+        return stream_trace(spec.workload), {"trace_file": str(spec.workload),
+                                             "streamed": True}
+    from prefixshield.workloads.attack import stream_attack
+
+    params, info = resolve_params(spec)
+    return stream_attack(spec.workload, params), {**info, "streamed": True}
+
+
+def run_streamed_outputs(out_dir: str | Path, spec: RunSpec, stream: TraceStream, info: dict,
+                         on_done: Callable[[str, StreamedResult], None] | None = None,
+                         failures: dict[str, str] | None = None) -> dict[str, StreamedResult]:
+    """Run every policy of ``spec`` on ``stream`` into ``out_dir`` (staged, swapped in at the
+    end); returns the results by policy label (their ``summary`` set). A policy that cannot
+    serve the trace is recorded in ``failures`` (its folder removed) and the others run."""
+    failures = {} if failures is None else failures
+    results: dict[str, StreamedResult] = {}
+    with staged(out_dir) as stage:
+        write_text(stage / "config.json", json.dumps(config_record(spec, info), indent=2,
+                                                     default=_jsonable) + "\n")
+        for label in spec.policies:
+            name, kwargs = parse_policy_spec(label)
+            folder = stage / label_dir(label)
+            policy = make_policy(name, spec.engine.num_blocks,
+                                 vllm_compat=spec.engine.vllm_compat, **kwargs)
+            try:
+                result = run_streamed(stream, policy, spec.profile.cost, spec.engine, folder,
+                                      contracts=spec.contract_table)
+            except EngineError as e:
+                shutil.rmtree(folder, ignore_errors=True)
+                failures[label] = str(e)
+                continue
+            put_run_tables(lambda n, text: write_text(stage / n, text), label_dir(label),
+                           result)
+            results[label] = result
+            if on_done is not None:
+                on_done(label, result)
+        write_text(stage / "summary.csv", summary_table(
+            {p: r.summary for p, r in results.items()}, failures).to_csv(index=False))
+    return results
