@@ -208,3 +208,16 @@ def test_run_stream_writes_the_files_and_summary_of_the_unstreamed_run(tmp_path)
         for name in ("evictions.csv", "policy_stats.json"):
             assert (streamed / policy / name).read_text() == (whole / policy / name).read_text()
     assert json.loads((streamed / "config.json").read_text())["trace"]["streamed"] is True
+
+
+def test_trace_generate_stream_writes_the_rows_of_the_unstreamed_trace(tmp_path):
+    from prefixshield.traces.io import read_trace
+
+    args = ("trace", "generate", "one_touch")
+    long = ("--set", "duration_s=1300", "--set", "base_rate=2")   # three windows of time
+    assert invoke(*args, tmp_path / "a.parquet", *long, "--stream").exit_code == 0
+    assert invoke(*args, tmp_path / "b.parquet", *long).exit_code == 0
+    a, b = read_trace(tmp_path / "a.parquet"), read_trace(tmp_path / "b.parquet")
+    assert a.meta["measured_requests"] is None
+    a.meta = {**a.meta, "measured_requests": b.meta["measured_requests"]}
+    assert a.equals(b)

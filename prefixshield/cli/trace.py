@@ -23,8 +23,14 @@ def trace() -> None:
               show_default=True)
 @click.option("--block-size", type=POSITIVE, default=16, show_default=True)
 @_workload_options
+@click.option("--stream", is_flag=True,
+              help="Generate and write the trace a window of time at a time (memory does not "
+                   "grow with its length; no cap on its requests): one_touch (aim=none) and "
+                   "low_and_slow. The same rows as without --stream; meta measured_requests "
+                   "is left unset (not known before the last window).")
 @_user_errors
-def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, overrides):
+def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, overrides,
+                   stream):
     """Generate WORKLOAD and write it to OUT (.parquet)."""
     from prefixshield.experiments.overrides import parse_overrides
     from prefixshield.experiments.single import RunSpec, build_trace
@@ -40,6 +46,13 @@ def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, 
     spec = RunSpec(workload=workload, policies=("lru",),
                    engine=EngineConfig(num_blocks=num_blocks, block_size=block_size),
                    profile=load_profile(profile), alpha=alpha, seed=seed, overrides=typed)
+    if stream:
+        from prefixshield.experiments.streamed import build_stream
+        from prefixshield.traces.io import write_trace_stream
+
+        _path, rows = write_trace_stream(build_stream(spec)[0], out)
+        console.print(f"wrote {rows} requests to {out} (streamed)")
+        return
     tr, _info = build_trace(spec)
     write_trace(tr, out)
     console.print(f"wrote {len(tr)} requests to {out}")

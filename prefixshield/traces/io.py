@@ -89,10 +89,29 @@ def write_trace(trace: Trace, path: str | os.PathLike) -> Path:
     """
     path = Path(path)
     trace.validate(str(path))
+    table = _arrow_table(trace, _file_metadata(trace.seed, trace.vocab_size, trace.meta, path))
+    # atomic_path gives the file ordinary permissions (mkstemp alone makes it 0600)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+    return path
+
+
+def _file_metadata(seed: int, vocab_size: int, meta: dict, path: Path) -> dict[bytes, bytes]:
+    """The schema metadata of a trace file (the table in the module docstring)."""
     try:
-        meta_json = json.dumps(trace.meta, sort_keys=True, default=_json_default)
+        meta_json = json.dumps(meta, sort_keys=True, default=_json_default)
     except (TypeError, ValueError) as e:
         raise TraceError(f"{path}: trace meta is not JSON-serialisable ({e})") from None
+    return {
+        _KEY_FORMAT: FORMAT.encode(),
+        _KEY_SEED: str(int(seed)).encode(),
+        _KEY_VOCAB: str(int(vocab_size)).encode(),
+        _KEY_META: meta_json.encode(),
+    }
+
+
+def _arrow_table(trace: Trace, metadata: dict[bytes, bytes]) -> pa.Table:
+    """The trace's rows as an Arrow table of the file's types, with ``metadata``."""
     df = trace.requests
     arrays, fields = [], []
     for name in df.columns:
@@ -107,17 +126,38 @@ def write_trace(trace: Trace, path: str | os.PathLike) -> Path:
             arr = pa.array(df[name])
         arrays.append(arr)
         fields.append(pa.field(name, arr.type))
-    metadata = {
-        _KEY_FORMAT: FORMAT.encode(),
-        _KEY_SEED: str(int(trace.seed)).encode(),
-        _KEY_VOCAB: str(int(trace.vocab_size)).encode(),
-        _KEY_META: meta_json.encode(),
-    }
-    table = pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
-    # atomic_path gives the file ordinary permissions (mkstemp alone makes it 0600)
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=metadata))
+
+
+def write_trace_stream(stream: TraceStream, path: str | os.PathLike) -> tuple[Path, int]:
+    """Write a :class:`~prefixshield.traces.stream.TraceStream` to ``path`` as one trace file,
+    a chunk (row group) at a time, atomically: the file :func:`write_trace` writes for the
+    same rows and meta, with one chunk in memory whatever the trace's length.
+
+    Returns:
+        The path written and the number of rows.
+
+    Raises:
+        TraceError: a chunk is invalid (naming its row) or the meta is not JSON-serialisable.
+    """
+    path = Path(path)
+    metadata = _file_metadata(stream.seed, stream.vocab_size, stream.meta, path)
+    rows = 0
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp)
-    return path
+        writer = None
+        try:
+            for _base, chunk in stream.rows():
+                table = _arrow_table(chunk, metadata)
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, table.schema)
+                writer.write_table(table)
+                rows += len(chunk)
+        finally:
+            if writer is not None:
+                writer.close()
+        if writer is None:
+            raise TraceError(f"{path}: the trace has no requests; nothing to write")
+    return path, rows
 
 
 def _metadata_int(md: dict, key: bytes, src: str) -> int:
