@@ -12,13 +12,27 @@
    microseconds per request and the build row its ratio to the simulation (``build /
    simulate``: at most 1 is the goal "building is no slower than simulating"). The engine's
    construction (per-request arrays from the trace) is reported apart, in ``detail``.
-2. *Long run* (row ``long run``): one process builds a trace of :data:`LONG_REQUESTS`
-   (8 x 10^6) requests (``--quick``: :data:`QUICK_LONG_REQUESTS`) and simulates it under
-   LRU; its peak resident set size (``ru_maxrss`` of the child process) after the build and
-   after the run, and both wall times. The fused loop holds block hashes and tables a window at a time
-   (``Engine.FUSED_WINDOW_HASHES``); what still grows with the trace is the trace itself (a
-   pandas frame, two small arrays per request) and the engine's per-request arrays and
-   records, so the figure is stated per request too.
+2. *Long runs* (rows ``long run``): one child process per row generates a long trace of the
+   same workload at load :data:`LONG_ALPHA` and simulates it under LRU, reporting its peak
+   resident set size (the child's own ``VmHWM``, see :func:`_peak_rss`) at the start, after
+   the build and after the run, and the wall times. Rows ``long run, streamed`` at
+   :data:`LONG_SIZES` (10^6 and 10^7 requests; ``--quick``: :data:`QUICK_LONG_SIZES`, and no
+   unstreamed row): the trace generated a window of time at a time and run by
+   :class:`~prefixshield.simulator.stream.StreamedRun` (records and series written to a
+   temporary folder as the run goes; its build is only the stream's setup, the
+   windows are drawn inside the run), then the summary from the files, whose peak is given
+   apart (it holds one column of the judged population whole). Equal peaks at both sizes are
+   the point: memory does not grow with the trace. Row ``long run`` at the smaller size: the
+   same trace built whole and run by ``Engine.run``, for its microseconds per request and
+   its memory per request. The unstreamed 8 x 10^6-request row this section had (6.5 GiB
+   peak) is dropped: its figure is that row's bytes per request times the length, and a
+   10^7-request trace cannot be built in memory (``prefixshield.edges.MAX_REQUESTS`` caps a
+   generated stream at 5 x 10^6).
+
+   Load 0.4, not the build rows' 0.6: at 0.6 the attacker's flood (1.15 x the victim's rate)
+   overloads this engine, its waiting queue grows with the trace, and a queue that grows holds
+   more requests in any design (the streamed window holds every waiting request). At 0.4 the
+   total is ~0.86 of C_prefill and the queue stays short.
 
 Each part starts with an untimed warm-up (kernels loaded). No number is asserted.
 """
@@ -38,32 +52,42 @@ from prefixshield.bench.scale import (ENGINE_BLOCKS, ENGINE_OVERRIDES, ENGINE_PR
 
 SIZES = (10_000, 100_000, 1_000_000)
 QUICK_SIZES = (1_000, 4_000, 16_000)
-LONG_REQUESTS = 8_000_000
-"""Requests of the long run (about a minute of a bench run): the largest round size this
-workload may generate, not 10^7: one generated stream holds at most
-``prefixshield.edges.MAX_REQUESTS`` (5 x 10^6) requests, and the victim's stream is ~54% of
-this trace's requests (a 10^7-request trace is refused before anything is drawn)."""
-QUICK_LONG_REQUESTS = 100_000
+LONG_SIZES = (1_000_000, 10_000_000)
+"""Requests of the streamed long runs (the second about two minutes of a bench run); the
+unstreamed one runs at the first."""
+QUICK_LONG_SIZES = (20_000, 60_000)
+"""``--quick``: streamed only (no unstreamed row), to keep the quick bench short."""
+LONG_ALPHA = 0.4
+"""Load of the long runs (see the module docstring: a stable queue)."""
 LONG_TIMEOUT_S = 1800.0
 """The long run is abandoned (and its row says so) past this many seconds."""
 PILOT_DURATION_S = 100.0
 
 
-def cheap_trace(duration_s: float):
-    """The scale section's cheap ``one_touch`` with a measured phase of ``duration_s``."""
-    from prefixshield.experiments.single import RunSpec, build_trace
+def cheap_spec(duration_s: float, alpha: float = 0.6):
+    """The run spec of the scale section's cheap ``one_touch`` with a measured phase of
+    ``duration_s`` (LRU) at load ``alpha``."""
+    from prefixshield.experiments.single import RunSpec
     from prefixshield.simulator.config import EngineConfig
     from prefixshield.simulator.costmodel import load_profile
 
-    spec = RunSpec("one_touch", ("lru",), EngineConfig(num_blocks=ENGINE_BLOCKS),
-                   load_profile(ENGINE_PROFILE),
+    return RunSpec("one_touch", ("lru",), EngineConfig(num_blocks=ENGINE_BLOCKS),
+                   load_profile(ENGINE_PROFILE), alpha=alpha,
                    overrides={**ENGINE_OVERRIDES, "duration_s": float(duration_s)})
-    return build_trace(spec)[0]
 
 
-def duration_for(requests: int) -> float:
-    """Measured-phase seconds that give about ``requests`` requests (from a pilot trace)."""
-    pilot = cheap_trace(PILOT_DURATION_S)
+def cheap_trace(duration_s: float, alpha: float = 0.6):
+    """The scale section's cheap ``one_touch`` with a measured phase of ``duration_s`` at load
+    ``alpha``."""
+    from prefixshield.experiments.single import build_trace
+
+    return build_trace(cheap_spec(duration_s, alpha))[0]
+
+
+def duration_for(requests: int, alpha: float = 0.6) -> float:
+    """Measured-phase seconds that give about ``requests`` requests at load ``alpha`` (from a
+    pilot trace)."""
+    pilot = cheap_trace(PILOT_DURATION_S, alpha)
     warmup = int((~pilot.requests["measured"].to_numpy()).sum())
     rate = (len(pilot) - warmup) / PILOT_DURATION_S
     return max(1.0, (requests - warmup) / rate)
@@ -118,61 +142,118 @@ def build_rows(sizes, repeats: int, tick: Tick) -> list[dict]:
     return rows
 
 
-def long_run(requests: int) -> dict:
-    """Build a trace of about ``requests`` requests and simulate it under LRU, in this process;
-    returns the wall times and the peak RSS (bytes) after each (run it in a fresh process:
-    the peak is the process's own)."""
+def _peak_rss() -> int:
+    """This process's peak resident set size so far, bytes: ``VmHWM`` of
+    ``/proc/self/status`` where there is one (Linux), else ``ru_maxrss``. On Linux
+    ``ru_maxrss`` survives ``exec``: a child started by a process holding 1.3 GiB reads 1.3
+    GiB before it allocates anything, where ``VmHWM`` belongs to the new program's memory."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     import resource
 
-    def peak() -> int:
-        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(kib) * (1 if sys.platform == "darwin" else 1024)
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(kib) * (1 if sys.platform == "darwin" else 1024)
 
-    duration = duration_for(requests)
+
+def long_run(requests: int, streamed: bool = True) -> dict:
+    """Simulate a trace of about ``requests`` requests (load :data:`LONG_ALPHA`) under LRU in
+    this process; returns the
+    wall times and the peak RSS (bytes) at the start, after the build and after the run (run
+    it in a fresh process: the peak is the process's own).
+
+    ``streamed``: the trace generated a window of time at a time and run by
+    :class:`~prefixshield.simulator.stream.StreamedRun` into a temporary folder (records and
+    series written as the run goes), then its summary from the files
+    (:func:`~prefixshield.simulator.stream.summarize_files`, its peak reported apart: it reads
+    one column of the judged population whole); else the whole trace built in memory and
+    ``Engine.run``."""
+    import shutil
+    import tempfile
+
+    duration = duration_for(requests, LONG_ALPHA)
     gc.collect()
-    start = peak()
+    start = _peak_rss()
+    if not streamed:
+        t0 = time.perf_counter()
+        trace = cheap_trace(duration, LONG_ALPHA)
+        build_s = time.perf_counter() - t0
+        after_build = _peak_rss()
+        engine = lru_engine(trace)
+        t0 = time.perf_counter()
+        engine.run()
+        return {"requests": len(trace), "build_s": build_s, "run_s": time.perf_counter() - t0,
+                "peak_rss_start": start, "peak_rss_after_build": after_build,
+                "peak_rss_after_run": _peak_rss(), "windows": engine.num_windows,
+                "fused": bool(engine.fused_applies()), "streamed": False}
+    from prefixshield.experiments.streamed import build_stream
+    from prefixshield.policies import make_policy
+    from prefixshield.simulator.config import EngineConfig
+    from prefixshield.simulator.costmodel import load_profile
+    from prefixshield.simulator.stream import StreamedRun, summarize_files
+
     t0 = time.perf_counter()
-    trace = cheap_trace(duration)
-    build_s = time.perf_counter() - t0
-    after_build = peak()
-    engine = lru_engine(trace)
-    t0 = time.perf_counter()
-    engine.run()
-    run_s = time.perf_counter() - t0
-    return {"requests": len(trace), "build_s": build_s, "run_s": run_s,
-            "peak_rss_start": start, "peak_rss_after_build": after_build,
-            "peak_rss_after_run": peak(), "windows": engine.num_windows,
-            "fused": bool(engine.fused_applies())}
+    stream = build_stream(cheap_spec(duration, LONG_ALPHA))[0]
+    build_s = time.perf_counter() - t0   # the stream's setup; windows are drawn as it runs
+    after_build = _peak_rss()
+    folder = tempfile.mkdtemp(prefix="prefixshield-long-")
+    try:
+        t0 = time.perf_counter()
+        result = StreamedRun(stream, make_policy("lru", ENGINE_BLOCKS),
+                             load_profile(ENGINE_PROFILE).cost,
+                             EngineConfig(num_blocks=ENGINE_BLOCKS), folder).run()
+        run_s = time.perf_counter() - t0
+        after_run = _peak_rss()
+        t0 = time.perf_counter()
+        summarize_files(result)
+        summary_s = time.perf_counter() - t0
+        records_mib = result.files["records"].stat().st_size / (1 << 20)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"requests": result.requests, "build_s": build_s, "run_s": run_s,
+            "summary_s": summary_s, "peak_rss_start": start,
+            "peak_rss_after_build": after_build, "peak_rss_after_run": after_run,
+            "peak_rss_after_summary": _peak_rss(), "windows": result.num_windows,
+            "records_mib": records_mib, "fused": True, "streamed": True}
 
 
-def long_row(requests: int) -> dict:
-    """The ``long run`` row: :func:`long_run` in a child process (its own peak RSS)."""
+def long_row(requests: int, streamed: bool = True) -> dict:
+    """A ``long run`` row: :func:`long_run` in a child process (its own peak RSS)."""
     code = ("import json, sys; from prefixshield.bench.traces import long_run; "
-            f"print(json.dumps(long_run({int(requests)})))")
+            f"print(json.dumps(long_run({int(requests)}, {bool(streamed)})))")
+    part = "long run, streamed" if streamed else "long run"
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              timeout=LONG_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        return {"part": "long run", "size": requests, "wall_s": None, "us_per_request": None,
+        return {"part": part, "size": requests, "wall_s": None, "us_per_request": None,
                 "vs_simulate": None, "detail": f"abandoned past {LONG_TIMEOUT_S:g} s"}
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"part": "long run", "size": requests, "wall_s": None, "us_per_request": None,
+        return {"part": part, "size": requests, "wall_s": None, "us_per_request": None,
                 "vs_simulate": None, "detail": f"failed (exit {out.returncode}): {last}"}
     r = json.loads(out.stdout.strip().splitlines()[-1])
     n = r["requests"]
     mib = 1 << 20
-    return {"part": "long run", "size": n, "wall_s": r["build_s"] + r["run_s"],
+    what = (f"streamed, {r['windows']:,} windows, records file {r['records_mib']:,.0f} MiB"
+            if r["streamed"] else
+            f"{'fused' if r['fused'] else 'per-step'}, {r['windows']} windows")
+    summary = (f"; summary from the files {r['summary_s']:.1f} s, peak RSS after it "
+               f"{r['peak_rss_after_summary'] / mib:,.0f} MiB" if r["streamed"] else "")
+    return {"part": part, "size": n, "wall_s": r["build_s"] + r["run_s"],
             "us_per_request": (r["build_s"] + r["run_s"]) / n * 1e6,
             "vs_simulate": ratio(r["build_s"], r["run_s"]),
             "peak_rss_mib": r["peak_rss_after_run"] / mib,
             "rss_bytes_per_request": (r["peak_rss_after_run"] - r["peak_rss_start"]) / n,
             "detail": (f"build {r['build_s']:.1f} s ({r['build_s'] / n * 1e6:.2f} us/request), "
                        f"run {r['run_s']:.1f} s ({r['run_s'] / n * 1e6:.2f} us/request, "
-                       f"{'fused' if r['fused'] else 'per-step'}, {r['windows']} windows); "
-                       f"peak RSS {r['peak_rss_start'] / mib:,.0f} MiB at start, "
+                       f"{what}); peak RSS {r['peak_rss_start'] / mib:,.0f} MiB at start, "
                        f"{r['peak_rss_after_build'] / mib:,.0f} MiB after the build, "
-                       f"{r['peak_rss_after_run'] / mib:,.0f} MiB after the run")}
+                       f"{r['peak_rss_after_run'] / mib:,.0f} MiB after the run{summary}")}
 
 
 COLUMNS = [Column("part", "part"), Column("size", "requests", ","),
@@ -185,27 +266,33 @@ COLUMNS = [Column("part", "part"), Column("size", "requests", ","),
 
 def steps(quick: bool) -> int:
     """Progress steps this section announces."""
-    return len(QUICK_SIZES if quick else SIZES) + 1
+    return len(QUICK_SIZES if quick else SIZES) + (0 if quick else 1) + len(LONG_SIZES)
 
 
 def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
     """Both parts (see the module docstring); ``quick``: small sizes, one repeat."""
     res = SectionResult(
         "traces", "traces: building a generated trace vs simulating it under LRU (us per "
-                  "request; vs simulate = build / simulate), and the peak RSS of a long run",
+                  "request; vs simulate = build / simulate), and the peak RSS of long runs, "
+                  "streamed and not",
         list(COLUMNS))
     repeats = 1 if quick else 2
     res.rows.extend(build_rows(QUICK_SIZES if quick else SIZES, repeats, tick))
-    long_n = QUICK_LONG_REQUESTS if quick else LONG_REQUESTS
-    tick(f"traces: long run, {long_n:,} requests")
-    res.rows.append(long_row(long_n))
+    sizes = QUICK_LONG_SIZES if quick else LONG_SIZES
+    if not quick:
+        tick(f"traces: long run, {sizes[0]:,} requests")
+        res.rows.append(long_row(sizes[0], streamed=False))
+    for n in sizes:
+        tick(f"traces: long run streamed, {n:,} requests")
+        res.rows.append(long_row(n))
     for row in res.rows:
         for k in ("peak_rss_mib", "rss_bytes_per_request"):
             row.setdefault(k, None)
-    res.extra.update(engine_setup(), repeats=repeats, long_requests=long_n)
+    res.extra.update(engine_setup(), repeats=repeats, long_sizes=list(sizes),
+                     long_alpha=LONG_ALPHA)
     res.notes.append(
         f"one_touch at {ENGINE_BLOCKS:,} blocks ({ENGINE_PROFILE}), 128-token prefixes, 1 "
         f"output token (the scale section's workload); build and simulate: best of {repeats} "
-        f"wall times each, the same trace; long run: one child process, build + Engine.run "
-        f"under LRU, its peak RSS (ru_maxrss)")
+        f"wall times each, the same trace; long runs: load {LONG_ALPHA}, one child process "
+        f"each, build + Engine.run or a streamed run under LRU, its peak RSS (VmHWM)")
     return res

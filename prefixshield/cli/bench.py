@@ -41,8 +41,8 @@ def bench(quick, json_path, sections):
     latency (vs LRU's call), policy state per block (vs LRU), our block pool (vs vLLM's
     KVCacheManager), the vLLM plugin (vs native vLLM), and scale (engine time per request and
     block-pool memory per block over sizes up to 10^6 requests and 2^20 blocks), and traces
-    (building a generated trace vs simulating it under LRU, and the peak RSS of an
-    8 x 10^6-request run).
+    (building a generated trace vs simulating it under LRU, and the peak RSS of runs of
+    10^6 and 10^7 requests streamed through the engine).
     Absolute times depend on the machine and its load; compare the ratios.
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

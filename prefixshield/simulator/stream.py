@@ -72,9 +72,10 @@ from prefixshield.tenancy import DEFAULT_CONTRACTS, Contract
 from prefixshield.traces.schema import Trace, offsets_of
 from prefixshield.traces.stream import TraceStream
 
-STREAM_WINDOW_ROWS = 1 << 17
-"""New arrivals a window takes at each slide (~40 MiB of per-request arrays and hashes with
-2,000-token requests); any number gives the same run."""
+STREAM_WINDOW_ROWS = 1 << 16
+"""New arrivals a window takes at each slide; any number gives the same run. Smaller windows
+hold less (a window's rows, their records frame and Arrow table exist at once) and cost a
+slide's Python more often."""
 
 _ROW_COLUMNS = ("request_id", "arrival_s", "group_id", "contract_id", "role", "prefix_id",
                 "measured", "output_tokens", "output_segment_id", "prompt_tokens")
@@ -603,16 +604,19 @@ def _population_kind(pf: pq.ParquetFile) -> tuple[bool, int]:
     return victims > 0, victims if victims else measured
 
 
-def _column(pf: pq.ParquetFile, name: str, keep) -> pd.Series:
-    """Column ``name`` of the rows ``keep(row group frame)`` selects, read a row group at a
-    time (a Series with a fresh index, as the in-memory filters give after a copy)."""
-    parts = []
-    for rg in range(pf.num_row_groups):
-        cols = sorted({name, "measured", "role", "group"})
-        t = pf.read_row_group(rg, columns=cols).to_pandas()
-        parts.append(t[name].to_numpy()[keep(t)])
-    values = np.concatenate(parts) if parts else np.empty(0)
-    return pd.Series(values, name=name)
+def _masks(pf: pq.ParquetFile, keep) -> list[np.ndarray]:
+    """Per row group, the rows ``keep(frame of measured, role, group)`` selects (bool: a byte
+    a request, read once for every column the summary reads)."""
+    return [keep(pf.read_row_group(rg, columns=["measured", "role", "group"]).to_pandas())
+            for rg in range(pf.num_row_groups)]
+
+
+def _column(pf: pq.ParquetFile, name: str, masks: list[np.ndarray]) -> pd.Series:
+    """Column ``name`` of the rows ``masks`` select, read a row group at a time (a Series
+    with a fresh index, as the in-memory filters give)."""
+    parts = [pf.read_row_group(rg, columns=[name]).column(0).to_numpy()[m]
+             for rg, m in enumerate(masks)]
+    return pd.Series(np.concatenate(parts) if parts else np.empty(0), name=name)
 
 
 def summarize_files(result: StreamedResult) -> dict:
@@ -649,9 +653,10 @@ def summarize_files(result: StreamedResult) -> dict:
         made = group_creation_chunks(chunks, result.groups.index(att), result.contract_rho,
                                      result.contract_beta, tuple(window))
         pressure = {k: made[k] for k in ("pressure_ratio", "mean_debt_blocks")}
-        kv = (_column(pf, "block_s", lambda t: (t["group"] == att).to_numpy()),
-              _column(pf, "block_s", lambda t: np.ones(len(t), dtype=bool)))
-    return summary_of(lambda name: _column(pf, name, in_pop), count, victims, preemptions,
+        kv = (_column(pf, "block_s", _masks(pf, lambda t: (t["group"] == att).to_numpy())),
+              _column(pf, "block_s", _masks(pf, lambda t: np.ones(len(t), dtype=bool))))
+    pop = _masks(pf, in_pop)
+    return summary_of(lambda name: _column(pf, name, pop), count, victims, preemptions,
                       kv, pressure, int(result.evictions.sum()), result.num_steps,
                       result.num_events)
 
