@@ -32,13 +32,13 @@ def same_summary(a: dict, b: dict) -> None:
         assert same, (k, a[k], b[k])
 
 
-def both(trace, policy, config, tmp_path, window_rows, chunk_rows):
-    """The unstreamed run and the streamed one (read back), and the streamed result."""
-    whole = Engine(trace, make_policy(policy, config.num_blocks, config.vllm_compat), COST,
-                   config).run()
+def both(trace, policy, config, tmp_path, window_rows, chunk_rows, **params):
+    """The unstreamed run and the streamed result (``params``: the policy's)."""
+    whole = Engine(trace, make_policy(policy, config.num_blocks, config.vllm_compat, **params),
+                   COST, config).run()
     run = StreamedRun(TraceStream.of_trace(trace, chunk_rows),
-                      make_policy(policy, config.num_blocks, config.vllm_compat), COST, config,
-                      tmp_path / policy, window_rows=window_rows)
+                      make_policy(policy, config.num_blocks, config.vllm_compat, **params),
+                      COST, config, tmp_path / policy, window_rows=window_rows)
     streamed = run.run()
     return whole, streamed
 
@@ -62,8 +62,10 @@ def test_a_streamed_run_is_the_unstreamed_run_bit_for_bit(policy, tmp_path):
 def test_the_records_file_is_the_unstreamed_records(tmp_path):
     trace = small_trace("two_pass_replay", seed=2)
     config = EngineConfig(num_blocks=512, vllm_compat="current")
+    # a debt log of 8 samples: thinned as the run goes (its samples are in the stats)
     whole, streamed = both(trace, "prefixshield", config, tmp_path, window_rows=5,
-                           chunk_rows=3)
+                           chunk_rows=3, max_debt_samples=8)
+    assert whole.policy_stats == streamed.policy_stats
     pd.testing.assert_frame_equal(pd.read_parquet(streamed.files["records"]), whole.records)
     same_summary(summarize(whole), summarize_files(streamed))
     assert not list(tmp_path.glob("**/.*.partial"))
@@ -140,3 +142,29 @@ def test_a_long_generated_workload_streams_the_rows_of_its_in_memory_trace():
         assert stream.groups == whole.group_names()
     with pytest.raises(ValueError, match="cannot be streamed"):
         stream_attack("one_touch", make_params("one_touch", aim="session"))
+
+
+def test_arrivals_at_t0_past_the_first_window_and_equal_times_stream_alike(tmp_path):
+    from helpers import make_trace
+
+    rows = [{"arrival_s": 0.0 if i < 9 else 0.5 * (i // 3), "prefix_id": i % 2,
+             "segment_ids": [i % 2, 100 + i], "segment_lengths": [32, 5 + i],
+             "output_tokens": 1 + i % 4, "group": f"g{i % 2}"} for i in range(20)]
+    trace = make_trace(rows, seed=4)
+    config = EngineConfig(num_blocks=64, check_invariants=True)
+    whole, streamed = both(trace, "prefixshield", config, tmp_path, window_rows=2,
+                           chunk_rows=3)
+    assert_same_run(whole, streamed.load())
+
+
+def test_a_request_that_can_never_be_admitted_is_the_unstreamed_error(tmp_path):
+    trace = generate("one_touch", duration_s=5.0, seed=1, num_blocks=300,
+                     output_tokens=(64, 200))
+    with pytest.raises(EngineError) as whole:
+        Engine(trace, make_policy("static_quota", 200), COST,
+               EngineConfig(num_blocks=200)).run()
+    with pytest.raises(EngineError) as streamed:
+        StreamedRun(TraceStream.of_trace(trace, 4), make_policy("static_quota", 200), COST,
+                    EngineConfig(num_blocks=200), tmp_path, window_rows=3).run()
+    assert str(whole.value) == str(streamed.value)
+    assert not list(tmp_path.glob("*.parquet"))
