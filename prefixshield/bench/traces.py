@@ -266,7 +266,8 @@ COLUMNS = [Column("part", "part"), Column("size", "requests", ","),
 
 def steps(quick: bool) -> int:
     """Progress steps this section announces."""
-    return len(QUICK_SIZES if quick else SIZES) + (0 if quick else 1) + len(LONG_SIZES)
+    return (len(QUICK_SIZES if quick else SIZES) + (0 if quick else 1)
+            + len(QUICK_LONG_SIZES if quick else LONG_SIZES))
 
 
 def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
