@@ -205,3 +205,27 @@ def test_prefix_aim_lands_on_the_victims_replicas_under_prefix_affinity():
     assert share["prefix_affinity", "prefix"] == 1.0
     assert share["prefix_affinity", "none"] == 0.075
     assert share["kv_aware", "prefix"] < 1.0
+
+
+def test_reproduce_aims_each_router_by_what_it_reads():
+    """The fleet table's aimed runs: session ids against ``session``, the prompt lead against
+    ``prefix_affinity`` and ``kv_aware``; the routers that read neither get none (the spread
+    run covers every router)."""
+    from prefixshield.experiments.reproduce import REPRODUCE_SECTIONS, reproduce_experiments
+
+    exps = {e.name: e for e in reproduce_experiments(quick=True)}
+    assert dict(exps["fleet-attack"].grid)["router"] == dict(exps["fleet-control"].grid)["router"]
+    aimed = {r: e.base["aim"] for name, e in exps.items() if name.startswith("fleet-aimed-")
+             for r in dict(e.grid)["router"]}
+    assert aimed == {"session": "session", "prefix_affinity": "prefix", "kv_aware": "prefix"}
+    assert exps["fleet-attack"].base["aim"] == "none"
+    assert set(REPRODUCE_SECTIONS["fleet"]) == {n for n in exps if n.startswith("fleet-")}
+
+
+def test_reproduce_only_names_a_section():
+    from click.testing import CliRunner
+
+    from prefixshield.cli import main
+
+    r = CliRunner().invoke(main, ["reproduce", "--only", "flet", "--out", "unused"])
+    assert r.exit_code == 2 and "unknown section 'flet'; known: attack" in r.output
