@@ -303,8 +303,14 @@ def add_fresh_prefixes(rows: RequestRows, p: PrefixParams, rng: np.random.Genera
         segment_ids(group_index, SegmentKind.PREFIX, local), p.prefix_tokens,
         segment_ids(group_index, SegmentKind.SUFFIX, local), suffix_len[local])
     if lead is not None:
-        lead_ids, lead_tokens = lead
-        ids = np.column_stack([np.asarray(lead_ids, dtype=np.int64), ids])
-        lens = np.column_stack([np.full(len(t), lead_tokens, dtype=np.int64), lens])
+        ids, lens = with_lead(ids, lens, *lead)
     rows.add(t, group, contract, role, local, True, out, ids, lens)
     return suffix_len
+
+
+def with_lead(ids: np.ndarray, lens: np.ndarray, lead_ids: np.ndarray,
+              lead_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(n, k)`` segment ids and lengths (tokens) with a first column put before them:
+    segment ``lead_ids[i]`` of ``lead_tokens`` tokens in row ``i``."""
+    return (np.column_stack([np.asarray(lead_ids, dtype=np.int64), ids]),
+            np.column_stack([np.full(len(ids), lead_tokens, dtype=np.int64), lens]))

@@ -82,41 +82,59 @@ class OneTouchParams(AttackParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.aim in AIMS, f"aim must be one of {', '.join(AIMS)}, got {self.aim!r}")
-        check(1 <= self.aim_replicas <= MAX_AIM_REPLICAS,
-              f"aim_replicas must be in [1, {MAX_AIM_REPLICAS}], got {self.aim_replicas}")
-        check(self.aim_blocks is None or 1 <= self.aim_blocks <= self.prefix_blocks,
-              f"aim_blocks must be in [1, {self.prefix_blocks}] (the victim's prefix blocks), "
-              f"got {self.aim_blocks}")
-        check(self.aim_blocks is None or self.aim == "prefix",
-              f"aim_blocks is read by aim=prefix only (aim is {self.aim!r})")
-        if self.aim == "prefix":
-            check(self.lead_blocks() <= self.prefix_blocks,
-                  f"aim=prefix: a {PREFIX_AIM_MATCH_RATIO:.0%} match needs "
-                  f"{self.lead_blocks()} leading blocks, more than the victim's "
-                  f"{self.prefix_blocks}-block prefix; set aim_blocks")
+        check_aim(self)
 
     def lead_blocks(self) -> int:
-        """``aim=prefix``'s lead in blocks: ``aim_blocks``, else the fewest ``L`` with
-        ``L >= PREFIX_AIM_MATCH_RATIO x (L + A)`` for the longest attacker prompt, ``A`` its
-        lookup blocks after the lead (``(P + S_max - 1) // B``): the ``prefix_affinity``
-        router's own test, so every attacker prompt passes it where the lead matches."""
-        if self.aim_blocks is not None:
-            return self.aim_blocks
-        after = (self.prefix_tokens + self.suffix_tokens[1] - 1) // self.block_size
-        lead = 1
-        while lead < PREFIX_AIM_MATCH_RATIO * (lead + after):
-            lead += 1
-        return lead
+        """``aim=prefix``'s lead in blocks: ``aim_blocks``, else :func:`fewest_lead_blocks`
+        for one_touch's attacker prompt (``prefix_tokens`` + the longest suffix)."""
+        return lead_blocks_for(self, self.prefix_tokens)
 
 
-def session_aim(p: OneTouchParams, n: int) -> Aim:
+def fewest_lead_blocks(after: int, ratio: float = PREFIX_AIM_MATCH_RATIO) -> int:
+    """The fewest lead blocks ``L`` with ``L >= ratio x (L + after)``: ``prefix_affinity``'s
+    own test for a prompt whose lookup has ``after`` blocks after the lead, so a lead that
+    matches wins the affinity tier."""
+    lead = 1
+    while lead < ratio * (lead + after):
+        lead += 1
+    return lead
+
+
+def lead_blocks_for(p, attacker_prefix_tokens: int) -> int:
+    """``p.aim_blocks``, else :func:`fewest_lead_blocks` for the longest attacker prompt of
+    ``p`` (its ``attacker_prefix_tokens``-token prefix and longest suffix), in blocks."""
+    if p.aim_blocks is not None:
+        return p.aim_blocks
+    return fewest_lead_blocks((attacker_prefix_tokens + p.suffix_tokens[1] - 1)
+                              // p.block_size)
+
+
+def check_aim(p) -> None:
+    """Validate the aim fields of ``p`` (``aim``, ``aim_replicas``, ``aim_blocks``; any attack
+    params with them and a ``lead_blocks()``); raises ValueError naming the field."""
+    check(p.aim in AIMS, f"aim must be one of {', '.join(AIMS)}, got {p.aim!r}")
+    check(1 <= p.aim_replicas <= MAX_AIM_REPLICAS,
+          f"aim_replicas must be in [1, {MAX_AIM_REPLICAS}], got {p.aim_replicas}")
+    check(p.aim_blocks is None or 1 <= p.aim_blocks <= p.prefix_blocks,
+          f"aim_blocks must be in [1, {p.prefix_blocks}] (the victim's prefix blocks), "
+          f"got {p.aim_blocks}")
+    check(p.aim_blocks is None or p.aim == "prefix",
+          f"aim_blocks is read by aim=prefix only (aim is {p.aim!r})")
+    if p.aim == "prefix":
+        check(p.lead_blocks() <= p.prefix_blocks,
+              f"aim=prefix: a {PREFIX_AIM_MATCH_RATIO:.0%} match needs {p.lead_blocks()} "
+              f"leading blocks, more than the victim's {p.prefix_blocks}-block prefix; set "
+              f"aim_blocks")
+
+
+def session_aim(p, n: int) -> Aim:
     """``n`` distinct attacker prefix ids that the ``session`` router (key ``prefix``) over
     ``p.aim_replicas`` replicas sends to the replicas of the victim's hot prefixes, request k
     to the (k mod T)-th of those T replicas (ascending), with the meta recording the aim.
 
     The ids are the smallest that do it (a scan upward from 0), so the trace is a pure
-    function of the parameters: no engine or run is consulted."""
+    function of the parameters: no engine or run is consulted. ``p``: attack params with the
+    aim fields (one_touch's or searched_attack's)."""
     from prefixshield.fleet.routers.session import replica_of, ring, routing_key
 
     points, owners = ring(p.aim_replicas)
@@ -136,10 +154,11 @@ def session_aim(p: OneTouchParams, n: int) -> Aim:
                               "aim_targets": targets})
 
 
-def prefix_aim(p: OneTouchParams, n: int) -> Aim:
+def prefix_aim(p, n: int) -> Aim:
     """The lead of ``n`` attacker requests: request k starts with the first
     :meth:`~OneTouchParams.lead_blocks` blocks of the victim's hot prefix ``k mod H`` (its
-    prefix segment, so the tokens equal the victim's), dealt over the hot set in turn."""
+    prefix segment, so the tokens equal the victim's), dealt over the hot set in turn.
+    ``p``: attack params with the aim fields and a ``lead_blocks()``."""
     lead = p.lead_blocks()
     hot = np.arange(n, dtype=np.int64) % p.hot_prefixes
     return Aim(lead_segments=segment_ids(GI_VICTIM, SegmentKind.PREFIX, hot),
