@@ -131,6 +131,7 @@ def space_for(base: Mapping[str, Any], prefix_blocks: int) -> tuple[Dim, ...]:
         return SPACE
     dims = [Dim("aim", "choice", choices=("none", aim))]
     if aim == "prefix":
+        # a dim needs two values: over a one-block prefix, a 2-block lead fails as a trial
         dims.append(Dim("aim_blocks", "int", 1, max(2, prefix_blocks), log=True,
                         unit="blocks"))
     return (*SPACE, *dims)
@@ -174,7 +175,8 @@ def to_optuna_params(fields: Mapping[str, Any], space: tuple[Dim, ...] = SPACE) 
     for d in space:
         v = fields[d.name]
         if not d.contains(v):
-            raise ValueError(f"{d.name}={v!r} is outside the attack space [{d.low}, {d.high}]")
+            where = list(d.choices) if d.kind == "choice" else f"[{d.low}, {d.high}]"
+            raise ValueError(f"{d.name}={v!r} is outside the attack space {where}")
         if d.kind == "choice":
             out[d.name] = v
             continue

@@ -68,7 +68,10 @@ session id that the ``session`` ring sends to the victim's replicas (its reuses 
 keep it; the content stays the attacker's own); ``prefix`` puts ``lead_blocks()`` blocks of
 the victim's hot prefix ``k mod H`` before every prompt of the k-th admitted prefix. The lead
 is part of the prompt the budget charges (requests pay their prompt tokens and block-seconds
-with it), so an aimed point sends fewer requests under a token or block-seconds limit.
+with it), so an aimed point sends fewer requests under a token or block-seconds limit. The
+designed creation (pressure ratio, debt, replay clearance) counts the lead as new blocks at
+every admission; once the attacker has cached its own copy of a lead (tenant salt: never the
+victim's), that overstates what it creates by up to ``lead_blocks()`` blocks an admission.
 
 RNG: the attacker's suffixes and outputs come from its role stream (``STREAM_ATTACKER``) in
 one_touch's order (a suffix per possible prefix, then an output per request); the schedule's
