@@ -16,6 +16,7 @@ from rich.table import Table
 from prefixshield.cli.common import (ALPHA, WORKERS, _policy_names, _user_errors, console,
                                      count)
 from prefixshield.edges import MAX_SEEDS, MAX_TRIALS
+from prefixshield.fleet.config import MAX_REPLICAS
 
 
 def _budget(items: tuple[str, ...]) -> dict:
@@ -99,9 +100,24 @@ def _base_fields(num_blocks, vllm_compat, profile, alpha, fixed) -> dict:
 
 
 def _space_names() -> set[str]:
+    """Fields the search sets: every dim, and the aim (searched, or fixed by the fleet)."""
     from prefixshield.experiments.attack_space import SPACE
 
-    return {d.name for d in SPACE}
+    return {d.name for d in SPACE} | {"aim", "aim_replicas", "aim_blocks"}
+
+
+def _fleet_fields(replicas, router, router_key) -> dict:
+    """``--replicas``/``--router``/``--router-key`` -> the experiment's fleet fields (none
+    without ``--replicas``), checked as ``run`` checks them."""
+    from prefixshield.cli.common import _fleet_config
+
+    fleet = _fleet_config(replicas, router, None, None, router_key, None)
+    if fleet is None:
+        return {}
+    out = {"replicas": fleet.replicas, "router": fleet.router.name}
+    if router_key is not None:
+        out["router_key"] = router_key
+    return out
 
 
 @click.command("attack-search")
@@ -123,6 +139,17 @@ def _space_names() -> set[str]:
 @click.option("--tenant-limit", "tenant_limits", multiple=True, metavar="KEY=N",
               help="A per-tenant admission limit of every tenant in every run: max_running, "
                    "max_blocks or max_output_tokens. Repeatable.")
+@click.option("--replicas", type=count(1, MAX_REPLICAS), default=None,
+              help="Search against a fleet of N engines behind --router (every run, controls "
+                   "and hand-written attacks included; part of the search's identity). The "
+                   "aim the router reads is searched (docs/attack-search.md). Without it: one "
+                   "engine.")
+@click.option("--router", default=None, metavar="NAME",
+              help="With --replicas: round_robin (default), random, session, least_loaded, "
+                   "prefix_affinity or kv_aware.")
+@click.option("--router-key", type=click.Choice(["prefix", "group"]), default=None,
+              help="session: hash the group and prefix_id, or the group alone [default: "
+                   "prefix].")
 @click.option("--trials", type=count(1, MAX_TRIALS), default=200, show_default=True,
               help="Trials per policy (a rerun with more extends the search).")
 @click.option("--seeds", type=count(1, MAX_SEEDS), default=5, show_default=True,
@@ -159,9 +186,10 @@ def _space_names() -> set[str]:
               help="Process-pool workers (or local Ray CPUs) [default: one per core].")
 @click.option("--address", default=None, help="Ray cluster address (with --executor ray).")
 @_user_errors
-def attack_search(policies, budget_items, scheduler, tenant_limits, trials, seeds, eval_seeds,
-                  objective, sampler, sampler_seed, batch, warm_start, num_blocks, vllm_compat,
-                  profile, alpha, fixed, out_dir, executor, workers, address):
+def attack_search(policies, budget_items, scheduler, tenant_limits, replicas, router, router_key,
+                  trials, seeds, eval_seeds, objective, sampler, sampler_seed, batch, warm_start,
+                  num_blocks, vllm_compat, profile, alpha, fixed, out_dir, executor, workers,
+                  address):
     """Find, per policy, the attack that hurts the victim most under a fixed attacker budget.
 
     \b
@@ -170,6 +198,7 @@ def attack_search(policies, budget_items, scheduler, tenant_limits, trials, seed
       prefixshield attack-search --budget requests=0.5 --budget prompt_tokens=800 \\
           --objective p95_ttft --out results/as
       prefixshield attack-search --scheduler vtc --trials 200 --out results/as-vtc
+      prefixshield attack-search -p lru --replicas 8 --router prefix_affinity --out r/as-pa
 
     An optuna search (seeded; trials in rounds, told in trial order) over the searched_attack
     space maximizes the victim's paired loss against the no-attack control. Every trial's runs
@@ -186,7 +215,8 @@ def attack_search(policies, budget_items, scheduler, tenant_limits, trials, seed
 
     budget = _budget(budget_items)
     base = {**_base_fields(num_blocks, vllm_compat, profile, alpha, fixed),
-            **_scheduler_fields(scheduler, tenant_limits)}
+            **_scheduler_fields(scheduler, tenant_limits),
+            **_fleet_fields(replicas, router, router_key)}
     config = AS.SearchConfig(policies=_policy_names(policies), trials=trials, seeds=seeds,
                              eval_seeds=seeds if eval_seeds is None else eval_seeds,
                              objective=objective, **budget,

@@ -253,9 +253,12 @@ def _fail_on_failed_cells(store, allow_failures: bool) -> None:
               help="Cost-model profile (all experiments but the profile sweep).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True,
               help="Results store and report folder (resumable).")
+@click.option("--only", "only", multiple=True, metavar="SECTION",
+              help="Run and report only this section of the evaluation (repeatable; e.g. "
+                   "fleet; worst-cases: the attack searches) [default: all].")
 @_executor_options
 @_user_errors
-def reproduce(quick, seeds, compat, profile, out_dir, executor, workers, address):
+def reproduce(quick, seeds, compat, profile, out_dir, only, executor, workers, address):
     """Regenerate the whole evaluation (every named experiment) into OUT.
 
     The attack table with no-attack controls, the benign and borrowing tables, the capacity,
@@ -267,20 +270,30 @@ def reproduce(quick, seeds, compat, profile, out_dir, executor, workers, address
     """
     import time
 
-    from prefixshield.experiments.reproduce import reproduce_experiments
+    from prefixshield.experiments.reproduce import REPRODUCE_SECTIONS, reproduce_experiments
     from prefixshield.experiments.store import ResultsStore
     from prefixshield.simulator.costmodel import load_profile
 
     if seeds is not None and seeds < 1:
         raise click.BadParameter("must be >= 1", param_hint="--seeds")
+    known = (*REPRODUCE_SECTIONS, "worst-cases")
+    for sec in only:  # checked here: the section list lives with the experiments
+        if sec not in known:
+            raise click.BadParameter(f"unknown section {sec!r}; known: {', '.join(known)}",
+                                     param_hint="--only")
     load_profile(profile)
     experiments = reproduce_experiments(quick=quick, seeds=seeds, compat=compat, profile=profile)
+    if only:  # a section's experiments (a section may share one with another)
+        wanted = {n for sec in only for n in REPRODUCE_SECTIONS.get(sec, ())}
+        experiments = [e for e in experiments if e.name in wanted]
     store = ResultsStore.create(out_dir, experiments, kind="reproduce",
                                 extra={"command": _command_line(), "quick": bool(quick)})
     t0 = time.perf_counter()
-    _run_with_progress(store, executor, workers, address, "reproduce")
-    console.print(f"cells took {time.perf_counter() - t0:.1f} s wall")
-    _worst_case_searches(Path(out_dir), quick, compat, profile, executor, workers, address)
+    if experiments:
+        _run_with_progress(store, executor, workers, address, "reproduce")
+        console.print(f"cells took {time.perf_counter() - t0:.1f} s wall")
+    if not only or "worst-cases" in only:
+        _worst_case_searches(Path(out_dir), quick, compat, profile, executor, workers, address)
     _report(store)
     console.print(f"open {Path(out_dir) / 'index.md'}")
 

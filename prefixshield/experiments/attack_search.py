@@ -48,8 +48,9 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import pandas as pd
 
-from prefixshield.experiments.attack_space import (SPACE, describe, known_points, spend_rate,
-                                                   suggest, to_optuna_params)
+from prefixshield.experiments.attack_space import (describe, known_points, space_for,
+                                                   spend_rate, suggest, to_optuna_params,
+                                                   workload_fields)
 from prefixshield.experiments.spec import Experiment, SpecError, jsonable
 from prefixshield.experiments.store import ResultsStore
 
@@ -92,7 +93,10 @@ class SearchConfig:
         batch: trials asked per policy per round (part of the identity: rounds fix the order).
         warm_start: start every study with the hand-written attacks mapped into the space.
         base: fixed fields of every run (typed, as :class:`~prefixshield.experiments.spec.
-            Experiment` ``base``): engine, ``profile``, ``alpha`` and victim/workload fields.
+            Experiment` ``base``): engine, ``profile``, ``alpha``, victim/workload fields and,
+            for a search against a fleet, ``replicas``, ``router`` and ``router_key`` (every
+            run, controls and hand-written attacks included, is then that fleet; the aim its
+            router reads is searched, see :attr:`space`).
     """
 
     policies: tuple[str, ...]
@@ -152,6 +156,17 @@ class SearchConfig:
         return parse_budget_limits(self.budget_limits)
 
     @property
+    def space(self):
+        """The attack space searched: :data:`~prefixshield.experiments.attack_space.SPACE`,
+        plus the aim the fleet's router reads (:func:`~prefixshield.experiments.attack_space.
+        space_for`; ``aim_blocks`` up to the victim's prefix blocks)."""
+        from prefixshield.workloads.searched_attack import SearchedAttackParams as P
+
+        prefix_blocks = int(self.base.get("prefix_tokens", P.prefix_tokens)) // int(
+            self.base.get("block_size", P.block_size))
+        return space_for(self.base, prefix_blocks)
+
+    @property
     def search_seeds(self) -> tuple[int, ...]:
         """Seeds every trial runs."""
         return tuple(range(self.seeds))
@@ -170,7 +185,7 @@ class SearchConfig:
                 "sampler_seed": self.sampler_seed, "batch": self.batch,
                 "warm_start": self.warm_start,
                 "base": {k: jsonable(v) for k, v in sorted(self.base.items())},
-                "space": [[d.name, d.kind, d.low, d.high, d.log, d.none_label] for d in SPACE]}
+                "space": [d.identity() for d in self.space]}
 
 
 @dataclass
@@ -192,6 +207,8 @@ class Resolved:
             seeds, at what it sends under the other limits (NaN when block_s is not charged).
         block_s_scale: measured / estimated block-seconds of one_touch's requests: the
             contention factor of the block-seconds estimate (1 when not measured).
+        lead_blocks: the ``prefix`` aim's default lead for one_touch's attacker prompt
+            (blocks): the warm start's value of ``aim_blocks`` (unread while unaimed).
     """
 
     limits: dict[str, float]
@@ -204,6 +221,7 @@ class Resolved:
     window_s: float = float("nan")
     one_touch_block_s: float = float("nan")
     block_s_scale: float = 1.0
+    lead_blocks: int = 1
 
 
 def _policy_dir(label: str) -> str:
@@ -228,6 +246,7 @@ def resolve(config: SearchConfig) -> Resolved:
     from prefixshield.experiments.cells import run_spec
     from prefixshield.experiments.single import resolve_params
 
+    from prefixshield.workloads.one_touch import fewest_lead_blocks
     from prefixshield.workloads.searched_attack import budget_request_rate
 
     units = config.units
@@ -267,7 +286,8 @@ def resolve(config: SearchConfig) -> Resolved:
                     c_prefill=float(info.get("c_prefill_req_per_s") or p.c_prefill),
                     budget_rate=budget_rate, designed_rate=designed, spend=spend,
                     prefix_tokens=p.prefix_tokens, window_s=window, one_touch_block_s=m,
-                    block_s_scale=scale)
+                    block_s_scale=scale, lead_blocks=fewest_lead_blocks(
+                        (p.prefix_tokens + p.suffix_tokens[1] - 1) // p.block_size))
 
 
 def _window_s(config: SearchConfig) -> float:
@@ -327,7 +347,8 @@ def trial_experiment(config: SearchConfig, r: Resolved, policy: str, number: int
                      fields: Mapping[str, Any]) -> Experiment:
     """The experiment of one trial: ``searched_attack`` at the point, one policy."""
     return Experiment(f"search.{_policy_dir(policy)}.t{number:04d}", WORKLOAD, (policy,),
-                      config.search_seeds, base={**_search_base(config, r), **fields},
+                      config.search_seeds,
+                      base={**_search_base(config, r), **workload_fields(fields, config.base)},
                       title=f"trial {number} against {policy}")
 
 
@@ -337,7 +358,7 @@ def transfer_experiment(config: SearchConfig, r: Resolved, policy: str, number: 
     policy on the held-out seeds."""
     return Experiment(f"transfer.{_policy_dir(policy)}.t{number:04d}", WORKLOAD,
                       config.policies, config.held_out_seeds,
-                      base={**_search_base(config, r), **fields},
+                      base={**_search_base(config, r), **workload_fields(fields, config.base)},
                       title=f"worst attack against {policy}, held-out seeds")
 
 
@@ -571,13 +592,15 @@ def run_search(store: ResultsStore, config: SearchConfig, r: Resolved, executor,
                      for p in config.policies} for w in FIXED_ATTACKS}
 
     studies, warm = {}, {}
-    points = known_points(r.budget_rate, r.designed_rate, r.prefix_tokens)
+    points = known_points(r.budget_rate, r.designed_rate, r.prefix_tokens, config.space,
+                          r.lead_blocks)
     for pol in config.policies:
         study = optuna.create_study(direction="maximize", sampler=_sampler(config))
         warm[pol] = []
         if config.warm_start:
             for w in FIXED_ATTACKS:
-                study.enqueue_trial(to_optuna_params(points[w]), skip_if_exists=False)
+                study.enqueue_trial(to_optuna_params(points[w], config.space),
+                                    skip_if_exists=False)
                 warm[pol].append(w)
         studies[pol] = study
     records: dict[str, list[TrialRecord]] = {p: [] for p in config.policies}
@@ -586,7 +609,7 @@ def run_search(store: ResultsStore, config: SearchConfig, r: Resolved, executor,
         for pol in config.policies:
             for _ in range(min(config.batch, config.trials - len(records[pol]))):
                 trial = studies[pol].ask()
-                fields = suggest(trial)
+                fields = suggest(trial, config.space)
                 exp = trial_experiment(config, r, pol, trial.number, fields)
                 if exp.name in known and known[exp.name].to_dict() != exp.to_dict():
                     raise SpecError(
@@ -743,7 +766,7 @@ def worst_attacks_table(res: SearchResult) -> pd.DataFrame:
         if t is None:
             continue
         rows.append({"policy": pol, "trial": t.number, "source": t.source,
-                     **{d.name: _param_text(t.fields[d.name]) for d in SPACE},
+                     **{d.name: _param_text(t.fields[d.name]) for d in res.config.space},
                      "what it does": describe(t.fields)})
     return pd.DataFrame(rows)
 
@@ -784,7 +807,7 @@ def trials_frame(res: SearchResult) -> pd.DataFrame:
                          "attacker_block_s_per_s": block_s_rate(r, res.resolved),
                          "attacker_pressure_ratio": r.pressure,
                          "attacker_mean_debt_blocks": r.debt,
-                         **{d.name: t.fields[d.name] for d in SPACE}})
+                         **{d.name: t.fields[d.name] for d in res.config.space}})
     return pd.DataFrame(rows)
 
 

@@ -24,6 +24,16 @@ Bounds, and where they come from (none is chosen for the result it gives):
 * ``attacker_output_tokens`` 1-1,000 (or the data's distribution): the Azure data's range.
 * ``victim_sync`` 0-1, ``victim_lag`` -0.5-0.5 victim gaps: anywhere around a victim arrival.
 
+**The routing dimension.** A search against a fleet (``replicas`` and ``router`` in its
+base) whose router reads something an attacker chooses adds the aim (:func:`space_for`):
+``aim`` none/session under ``session`` keyed by prefix (the ring sends the attacker's chosen
+session ids to the victim's replicas), and ``aim`` none/prefix with ``aim_blocks`` 1 to the
+victim's prefix blocks (log scale) under ``prefix_affinity`` and ``kv_aware`` (the victim's
+leading blocks before every prompt). Routers that read neither ids nor prompts
+(``round_robin``, ``random``, ``least_loaded``, ``session`` keyed by group) get no aim: no
+choice of the attacker's steers them. ``aim_replicas`` is not searched: the aimed attacker
+knows the fleet (it is set to ``replicas``).
+
 To add a coordinate: add a field (with its default and its validation) to
 ``SearchedAttackParams`` and use it in its generator, then add a :class:`Dim` here; the
 optimizer, the stored trials and the tables pick it up from :data:`SPACE`.
@@ -44,25 +54,31 @@ class Dim:
 
     Attributes:
         name: the ``SearchedAttackParams`` field it sets.
-        kind: ``float`` or ``int``.
+        kind: ``float``, ``int`` or ``choice`` (one of ``choices``; ``low``/``high`` unused).
         low, high: inclusive bounds (in the field's unit).
         log: sample on a log scale.
         none_label: when set, the field may also be None; the optimizer first picks
             ``none_label`` (None) or ``"value"``.
         unit: the unit, for tables.
+        choices: the values of a ``choice`` dim (at least two).
     """
 
     name: str
     kind: str
-    low: float
-    high: float
+    low: float = 0.0
+    high: float = 1.0
     log: bool = False
     none_label: str | None = None
     unit: str = ""
+    choices: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in ("float", "int"):
-            raise ValueError(f"dim {self.name}: kind must be float or int, got {self.kind!r}")
+        if self.kind not in ("float", "int", "choice"):
+            raise ValueError(f"dim {self.name}: kind must be float, int or choice, got "
+                             f"{self.kind!r}")
+        if (self.kind == "choice") != (len(self.choices) >= 2):
+            raise ValueError(f"dim {self.name}: a choice dim has two or more choices, no other "
+                             f"dim has any, got {self.choices!r}")
         if not self.low < self.high or (self.log and self.low <= 0):
             raise ValueError(f"dim {self.name}: bounds must have low < high (and low > 0 on a "
                              f"log scale), got [{self.low}, {self.high}]")
@@ -71,7 +87,14 @@ class Dim:
         """Whether ``v`` is a value of this dim (None only for a dim with a mode)."""
         if v is None:
             return self.none_label is not None
+        if self.kind == "choice":
+            return v in self.choices
         return self.low <= v <= self.high
+
+    def identity(self) -> list:
+        """What a search's identity records of the dim (a choice dim adds its choices)."""
+        out = [self.name, self.kind, self.low, self.high, self.log, self.none_label]
+        return out + [list(self.choices)] if self.choices else out
 
 
 SPACE: tuple[Dim, ...] = (
@@ -92,11 +115,47 @@ SPACE: tuple[Dim, ...] = (
 )
 """The attack space, in the order the optimizer asks for its coordinates."""
 
+ROUTER_AIMS = {"session": "session", "prefix_affinity": "prefix", "kv_aware": "prefix"}
+"""Router -> the ``aim`` that steers it (``session`` only when keyed by prefix)."""
+
+
+def space_for(base: Mapping[str, Any], prefix_blocks: int) -> tuple[Dim, ...]:
+    """The space of a search whose runs have the fixed fields ``base``: :data:`SPACE`, plus
+    the aim a fleet's router reads (module doc); ``prefix_blocks`` bounds ``aim_blocks``
+    (the victim's prefix, in blocks)."""
+    router = base.get("router", "round_robin") if "replicas" in base else None
+    aim = ROUTER_AIMS.get(router)
+    if aim == "session" and base.get("router_key", "prefix") != "prefix":
+        aim = None   # the ring hashes the tenant alone: no id of the attacker's steers it
+    if aim is None:
+        return SPACE
+    dims = [Dim("aim", "choice", choices=("none", aim))]
+    if aim == "prefix":
+        # a dim needs two values: over a one-block prefix, a 2-block lead fails as a trial
+        dims.append(Dim("aim_blocks", "int", 1, max(2, prefix_blocks), log=True,
+                        unit="blocks"))
+    return (*SPACE, *dims)
+
+
+def workload_fields(fields: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``searched_attack`` fields of a point of the space: ``aim_blocks`` only with
+    ``aim=prefix`` (unaimed, it is a coordinate nothing reads), and ``aim_replicas`` the
+    fleet's size with ``aim=session`` (the aimed attacker knows the fleet)."""
+    out = dict(fields)
+    if out.get("aim") != "prefix":
+        out.pop("aim_blocks", None)
+    if out.get("aim") == "session":
+        out["aim_replicas"] = int(base["replicas"])
+    return out
+
 
 def suggest(trial, space: tuple[Dim, ...] = SPACE) -> dict[str, Any]:
     """Ask an optuna ``trial`` for one point: ``{field: value}`` (None for a dim's mode)."""
     out: dict[str, Any] = {}
     for d in space:
+        if d.kind == "choice":
+            out[d.name] = trial.suggest_categorical(d.name, list(d.choices))
+            continue
         if d.none_label is not None:
             mode = trial.suggest_categorical(d.name + MODE_SUFFIX, [d.none_label, "value"])
             if mode == d.none_label:
@@ -116,7 +175,11 @@ def to_optuna_params(fields: Mapping[str, Any], space: tuple[Dim, ...] = SPACE) 
     for d in space:
         v = fields[d.name]
         if not d.contains(v):
-            raise ValueError(f"{d.name}={v!r} is outside the attack space [{d.low}, {d.high}]")
+            where = list(d.choices) if d.kind == "choice" else f"[{d.low}, {d.high}]"
+            raise ValueError(f"{d.name}={v!r} is outside the attack space {where}")
+        if d.kind == "choice":
+            out[d.name] = v
+            continue
         if d.none_label is not None:
             out[d.name + MODE_SUFFIX] = d.none_label if v is None else "value"
         if v is not None:
@@ -125,7 +188,8 @@ def to_optuna_params(fields: Mapping[str, Any], space: tuple[Dim, ...] = SPACE) 
 
 
 def known_points(budget_rate: Mapping[str, float], designed_rate: Mapping[str, float],
-                 prefix_tokens: int) -> dict[str, dict[str, Any]]:
+                 prefix_tokens: int, space: tuple[Dim, ...] = SPACE,
+                 lead_blocks: int = 1) -> dict[str, dict[str, Any]]:
     """The hand-written attacks as points of the space (the search's warm start).
 
     ``budget_rate[w]`` is the budget in requests/s for workload ``w``'s request shape and
@@ -133,13 +197,21 @@ def known_points(budget_rate: Mapping[str, float], designed_rate: Mapping[str, f
     ``one_touch`` maps exactly (the point reproduces its attacker rows); ``low_and_slow`` is
     one_touch at its lower intensity; ``two_pass_replay`` (K = 1) is approximated by replaying
     half the requests as soon as due (delay 0), since the space draws the replays at random.
+    All are unaimed (``aim`` none; ``aim_blocks``, read by nothing then, at ``lead_blocks``,
+    the default lead, within the dim) where ``space`` has the routing dimension.
     """
+    extra: dict[str, Any] = {}
+    for d in space[len(SPACE):]:
+        extra[d.name] = "none" if d.kind == "choice" else \
+            int(min(max(lead_blocks, d.low), d.high))
+
     def base(intensity: float) -> dict[str, Any]:
         return {"intensity": min(1.0, max(SPACE[0].low, intensity)),
                 "attacker_prefix_tokens": prefix_tokens, "rotation_s": None, "pool_size": 1,
                 "replay_fraction": 0.0, "replay_delay": 1.0, "alt_contract_fraction": 0.0,
                 "cycle_s": 20.0, "duty": 1.0, "phase": 0.0, "burst_cv": None,
-                "attacker_output_tokens": None, "victim_sync": 0.0, "victim_lag": 0.0}
+                "attacker_output_tokens": None, "victim_sync": 0.0, "victim_lag": 0.0,
+                **extra}
 
     out = {}
     for w in ("one_touch", "low_and_slow", "two_pass_replay"):
@@ -178,4 +250,8 @@ def describe(fields: Mapping[str, Any]) -> str:
     if f["victim_sync"] > 0:
         parts.append(f"{100 * f['victim_sync']:.0f}% synced to victim arrivals "
                      f"({f['victim_lag']:+.2f} gaps)")
+    if f.get("aim") == "session":
+        parts.append("aimed by session ids at the victim's replicas")
+    elif f.get("aim") == "prefix":
+        parts.append(f"led by {f['aim_blocks']} of the victim's blocks")
     return ", ".join(parts)

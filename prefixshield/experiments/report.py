@@ -636,9 +636,10 @@ def worst_cases_section(root: Path) -> Section | None:
 
 def fleet_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) -> Section:
     """Fleet table: per router and policy, the victim's hit ratio and P95 TTFT with no attack,
-    under an attacker aiming through the ``session`` ring and under one spreading as the
-    router spreads anyone (paired seeds: the three share victim traffic; aimed and spread
-    differ only in the attacker's prefix ids)."""
+    under an attacker aimed at what that router reads (``fleet-aimed-<aim>``: session ids, or
+    the victim's leading blocks in its prompts) and under one spreading as the router spreads
+    anyone (paired seeds: the three share victim traffic; aimed and spread differ only in the
+    attacker's ids or prompts). Routers no aim is run against show "-" for aimed."""
     sec = Section("fleet", "A fleet of replicas: routers against aimed and spread attackers")
     by_name = {e.name: e for e in exps}
     att, ctl = by_name.get("fleet-attack"), by_name.get("fleet-control")
@@ -646,24 +647,32 @@ def fleet_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) -> Se
         return sec
     ga = A.paired_gains(cells, att)
     gc = A.paired_gains(cells, ctl)
+    aimed_by: dict[str, tuple[str, pd.DataFrame]] = {}  # router -> (aim, its gains)
+    for e in exps:
+        if e.name.startswith("fleet-aimed-"):
+            g = A.paired_gains(cells, e)
+            for router in dict.fromkeys(g["grid.router"]):
+                aimed_by[str(router)] = (str(e.base.get("aim")), g[g["grid.router"] == router])
     disp_rows, data_rows = [], []
     for _, c in gc.iterrows():
         router, pol = c["grid.router"], c["policy"]
-        at = ga[(ga["grid.router"] == router) & (ga["policy"] == pol)]
-        aimed = at[at["grid.aim"] == "session"].iloc[0]
-        spread = at[at["grid.aim"] == "none"].iloc[0]
+        spread = ga[(ga["grid.router"] == router) & (ga["policy"] == pol)].iloc[0]
+        aim, g = aimed_by.get(str(router), ("-", None))
+        aimed = None if g is None else g[g["policy"] == pol].iloc[0]
         disp_rows.append({
-            "router": router, "policy": pol,
+            "router": router, "policy": pol, "aim": aim,
             "no attack hit": A.fmt_pct(c["hit_ratio_mean"]),
-            "aimed hit": A.fmt_pct(aimed["hit_ratio_mean"]),
+            "aimed hit": "-" if aimed is None else A.fmt_pct(aimed["hit_ratio_mean"]),
             "spread hit": A.fmt_pct(spread["hit_ratio_mean"]),
             "no attack P95 TTFT (s)": A.fmt_num(c["p95_ttft_s_mean"]),
-            "aimed P95 TTFT (s)": A.fmt_num(aimed["p95_ttft_s_mean"]),
+            "aimed P95 TTFT (s)": "-" if aimed is None else A.fmt_num(aimed["p95_ttft_s_mean"]),
             "spread P95 TTFT (s)": A.fmt_num(spread["p95_ttft_s_mean"]),
-            "note": _failed_note(c) or _failed_note(aimed) or _failed_note(spread)})
-        data_rows.append({"router": router, "policy": pol,
+            "note": _failed_note(c) or (aimed is not None and _failed_note(aimed))
+            or _failed_note(spread)})
+        data_rows.append({"router": router, "policy": pol, "aim": aim,
                           **{f"control.{k}": v for k, v in c.items()},
-                          **{f"aimed.{k}": v for k, v in aimed.items()},
+                          **({} if aimed is None else
+                             {f"aimed.{k}": v for k, v in aimed.items()}),
                           **{f"spread.{k}": v for k, v in spread.items()}})
     replicas = att.base.get("replicas")
     routers = ", ".join(dict.fromkeys(str(r) for r in gc["grid.router"]))
@@ -671,10 +680,12 @@ def fleet_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) -> Se
                             pd.DataFrame(data_rows), notes=[
         f"one_touch at its single-engine defaults served by {replicas} replicas of the "
         f"point's pool each; routers: {routers}; {len(att.seeds)} paired seeds (mean). Victim "
-        "requests. aimed: the attacker picks prefix (session) ids that the session router "
-        "sends to the replicas serving the victim's hot prefixes; spread: its ordinals. Only "
-        "session reads the ids, so under the other routers aimed and spread differ only in "
-        "token ids and agree up to that."]))
+        "requests. spread: the attacker's own ids and prompts. aimed: session, prefix ids that "
+        "the session ring sends to the victim's replicas; prefix, every prompt led by the "
+        "victim's first blocks (what prefix_affinity's content tree matches; kv_aware reads "
+        "the tenant-salted caches, where the lead is the attacker's own copy). '-': the router "
+        "reads neither ids nor prompts, so no aim steers it: an aimed attacker is the spread "
+        "one."]))
     return sec
 
 

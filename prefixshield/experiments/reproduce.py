@@ -51,6 +51,11 @@ FLEET_REPLICAS = 8
 FLEET_ROUTERS = ("round_robin", "random", "session", "least_loaded", "prefix_affinity",
                  "kv_aware")
 """Routers of the fleet table (all registered ones)."""
+FLEET_AIMS = (("session", ("session",)), ("prefix", ("prefix_affinity", "kv_aware")))
+"""(one_touch ``aim``, the routers it is aimed at): each router that reads something an
+attacker can choose is attacked by the aim that steers what it reads (session ids; prompt
+content or the cache it fills). The others (round robin, random, least loaded) read neither:
+against them an aimed attacker is the spread one, so the table has no aimed run for them."""
 READING_CASES = (("one_touch", "lru", (512, 4096)), ("low_and_slow", "lru", (512,)),
                  ("sharegpt", "s3fifo", (512,)))
 """The readings table's cases: (workload, the baseline PrefixShield is compared with, blocks)."""
@@ -123,9 +128,16 @@ def reproduce_experiments(quick: bool = False, seeds: int | None = None,
             out.append(exp(f"sched-{key}-{w}", w, ALL, f"{w} under {key}", base_extra=fields))
     # every router even in --quick: the whole fleet grid at 3 seeds costs ~20 s of one core
     out.append(exp("fleet-attack", "one_touch", ALL,
-                   f"one_touch over {FLEET_REPLICAS} replicas: aimed and spread attacker",
-                   grid=[("router", FLEET_ROUTERS), ("aim", ("session", "none"))],
-                   base_extra={"replicas": FLEET_REPLICAS, "aim_replicas": FLEET_REPLICAS}))
+                   f"one_touch over {FLEET_REPLICAS} replicas: spread attacker",
+                   grid=[("router", FLEET_ROUTERS)],
+                   base_extra={"replicas": FLEET_REPLICAS, "aim": "none"}))
+    for aim, routers in FLEET_AIMS:
+        out.append(exp(f"fleet-aimed-{aim}", "one_touch", ALL,
+                       f"one_touch over {FLEET_REPLICAS} replicas: attacker aimed by {aim}",
+                       grid=[("router", routers)],
+                       base_extra={"replicas": FLEET_REPLICAS, "aim": aim,
+                                   **({"aim_replicas": FLEET_REPLICAS}
+                                      if aim == "session" else {})}))
     out.append(exp("fleet-control", "one_touch", ALL,
                    f"one_touch over {FLEET_REPLICAS} replicas: no attack",
                    grid=[("router", FLEET_ROUTERS)],
@@ -148,7 +160,7 @@ REPRODUCE_SECTIONS = {
     "schedulers": ["benign-sharegpt", "borrowing",
                    *[f"sched-{k}-{w}" for k, _, _ in SCHEDULER_SETTINGS[1:]
                      for w in SCHEDULER_BENIGN]],
-    "fleet": ["fleet-control", "fleet-attack"],
+    "fleet": ["fleet-control", "fleet-attack", *[f"fleet-aimed-{a}" for a, _ in FLEET_AIMS]],
     "overhead": ["overhead"],
 }
 """Report sections and the experiments each draws on."""

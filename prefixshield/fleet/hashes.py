@@ -18,7 +18,9 @@ def trace_hashes(trace: Trace, config: EngineConfig) -> tuple[np.ndarray, np.nda
     """Full-block hashes of every request's prompt then output (the engine's, with its
     scheduler's output caps), their offsets (request i's at ``offsets[i]:offsets[i+1]``) and
     the :class:`RequestInfo` routers read. A request's output tokens are salted by its row in
-    ``trace`` (the whole trace's; see :mod:`prefixshield.fleet.split` for the replicas')."""
+    ``trace`` (the whole trace's; see :mod:`prefixshield.fleet.split` for the replicas').
+    The info's content hashes (the same chain without the tenant salt) are built on first
+    use."""
     df = trace.requests
     groups = trace.group_names()
     group_id = _index_of(df["group"], groups)
@@ -27,19 +29,32 @@ def trace_hashes(trace: Trace, config: EngineConfig) -> tuple[np.ndarray, np.nda
     out = capped_outputs(sched.limits, group_id, df["output_tokens"].to_numpy(np.int64))
     n = len(df)
     segments = trace.segments()  # the flat form the engine's kernels read
-    seg_off, seg_lens = segments.offsets, segments.lengths
     prompt = trace.prompt_lengths()
     B = config.block_size
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum((prompt + out) // B, out=offsets[1:])
-    hashes = np.empty(int(offsets[-1]), dtype=np.uint64)
-    if n:
-        fz.build_hashes(np.int64(trace.seed), np.int64(trace.vocab_size),
-                        segments.ids, seg_lens, seg_off,
-                        df["output_segment_id"].to_numpy(np.int64), out,
-                        np.int64(trace.seed ^ OUTPUT_SEED_SALT), group_id, np.int64(B),
-                        np.int64(config.hash_seed), offsets, hashes, np.int64(0), np.int64(n),
-                        np.int64(0))
+
+    def build(groups_of_rows: np.ndarray) -> np.ndarray:
+        hashes = np.empty(int(offsets[-1]), dtype=np.uint64)
+        if n:
+            fz.build_hashes(np.int64(trace.seed), np.int64(trace.vocab_size),
+                            segments.ids, segments.lengths, segments.offsets,
+                            df["output_segment_id"].to_numpy(np.int64), out,
+                            np.int64(trace.seed ^ OUTPUT_SEED_SALT), groups_of_rows, np.int64(B),
+                            np.int64(config.hash_seed), offsets, hashes, np.int64(0),
+                            np.int64(n), np.int64(0))
+        return hashes
+
+    hashes = build(group_id)
+    content: list[np.ndarray] = []  # built on first use: only content-matching routers read it
+
+    def content_hashes(i: int) -> np.ndarray:
+        if not content:
+            # every row hashed as group 0: the tenant salt left out, the content kept
+            content.append(build(np.zeros(n, dtype=group_id.dtype)))
+        return content[0][offsets[i]:offsets[i + 1]]
+
     info = RequestInfo(groups, group_id, df["prefix_id"].to_numpy(np.int64), prompt, out, B,
-                       hashes=lambda i: hashes[offsets[i]:offsets[i + 1]])
+                       hashes=lambda i: hashes[offsets[i]:offsets[i + 1]],
+                       content_hashes=content_hashes)
     return hashes, offsets, info

@@ -235,7 +235,7 @@ class Trace:
         bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0) | (arr > MAX_ARRIVAL_S))
         if bad.size:
             raise TraceError(f"{source}: row {int(bad[0])}: field arrival_s must be a finite "
-                             f"number in [0, {MAX_ARRIVAL_S:g}] s, got {arr[bad[0]]!r}")
+                             f"number in [0, {MAX_ARRIVAL_S:g}] s, got {float(arr[bad[0]])!r}")
         dec = np.flatnonzero(np.diff(arr) < 0)
         if dec.size:
             raise TraceError(f"{source}: row {int(dec[0]) + 1}: field arrival_s decreases "

@@ -311,15 +311,36 @@ def fresh_prefix_windows(name: str, p: AttackParams) -> tuple[dict, Iterator[Tra
     return meta, draw()
 
 
+class Aim(NamedTuple):
+    """What an attacker aiming through a fleet's router changes of its requests (see
+    :mod:`prefixshield.workloads.one_touch`); every field at its default leaves the request as
+    the unaimed attacker sends it.
+
+    Attributes:
+        ids: distinct non-negative prefix (session) ids, one per attacker request in order
+            (None: the request's ordinal).
+        lead_segments: a segment id per request, of which ``lead_tokens`` tokens go before the
+            request's own prompt (None: no lead).
+        lead_tokens: tokens of the lead (a whole number of blocks).
+        meta: what the trace's meta records of the aim.
+    """
+
+    ids: np.ndarray | None = None
+    lead_segments: np.ndarray | None = None
+    lead_tokens: int = 0
+    meta: dict | None = None
+
+
 def fresh_prefix_attack(name: str, p: AttackParams, aim=None) -> Trace:
     """The victim stream plus an attacker sending a never-seen prefix and suffix every
     ``1 / attacker_request_rate()`` seconds through the pressure window.
 
-    ``aim`` (None: prefix_id = the request's ordinal) maps the number of attacker requests to
-    ``(prefix_ids, extra meta)``: distinct non-negative ids, one per request in order (an
-    attacker choosing its session ids to steer a router). The content stays fresh either way
-    and the suffix and output lengths are drawn in the same order, so an aimed trace differs
-    from the unaimed one only in its attacker's prefix ids and token ids.
+    ``aim`` (None: unaimed) maps the number of attacker requests to an :class:`Aim`: the ids
+    an attacker chooses to steer a router by its session key, or a lead put before every
+    prompt to steer one by content. The attacker's own content stays fresh either way and the
+    suffix and output lengths are drawn in the same order, so an aimed trace differs from the
+    unaimed one only in its attacker's prefix ids and token ids (``ids``) or in its attacker's
+    leading segment (a lead).
 
     An unaimed trace whose measured phase is longer than :data:`GEN_WINDOW_S` is the
     concatenation of :func:`fresh_prefix_windows` (the rows a streamed run of it reads); each
@@ -339,18 +360,20 @@ def fresh_prefix_attack(name: str, p: AttackParams, aim=None) -> Trace:
     rate = p.attacker_request_rate()
     t = periodic_times(rate, w0, w1)
     rng = rng_for(p.seed, STREAM_ATTACKER)
-    extra: dict[str, Any] = {}
-    if aim is None:
+    a = Aim() if aim is None else aim(len(t))
+    if a.ids is None:
         ids, suffix_len = np.arange(len(t)), None
     else:
-        ids, extra = aim(len(t))
-        ids = np.asarray(ids, dtype=np.int64)
+        ids = np.asarray(a.ids, dtype=np.int64)
         drawn = p.draw_suffixes(rng, len(t))  # by ordinal: the unaimed trace's lengths
         suffix_len = np.zeros(int(ids.max()) + 1 if ids.size else 0, dtype=drawn.dtype)
         suffix_len[ids] = drawn
+    lead = None if a.lead_segments is None else (a.lead_segments, a.lead_tokens)
     add_fresh_prefixes(rows, p, rng, t, ids, group_index=GI_ATTACKER, group=p.attacker_group,
-                       contract=p.attacker_contract, role="attacker", suffix_len=suffix_len)
-    meta = attack_meta(name, p, victim, rate, (w0, w1), attacker_requests=len(t), **extra)
+                       contract=p.attacker_contract, role="attacker", suffix_len=suffix_len,
+                       lead=lead)
+    meta = attack_meta(name, p, victim, rate, (w0, w1), attacker_requests=len(t),
+                       **(a.meta or {}))
     return rows.finish(p.seed, p.vocab_size, meta, drop_role=drop_role(p))
 
 
@@ -369,7 +392,7 @@ def stream_attack(name: str, p: AttackParams) -> TraceStream:
             its prefix ids depend on every attacker request).
     """
     if name not in STREAMED_WORKLOADS or getattr(p, "aim", "none") != "none":
-        why = ("aim=session picks every attacker id together" if name == "one_touch"
+        why = (f"an aimed attacker (aim={p.aim}) is drawn whole" if name in STREAMED_WORKLOADS
                else "its generator draws the whole trace at once")
         raise ValueError(f"workload {name!r} cannot be streamed: {why}; streamed generation: "
                          f"{', '.join(STREAMED_WORKLOADS)} (aim=none), or a trace file")

@@ -284,12 +284,15 @@ def add_cyclic_stream(rows: RequestRows, p: PrefixParams, *, stream: int, group_
 def add_fresh_prefixes(rows: RequestRows, p: PrefixParams, rng: np.random.Generator,
                        t: np.ndarray, local: np.ndarray, *, group_index: int, group: str,
                        contract: str, role: str, suffix_len: np.ndarray | None = None,
-                       output_tokens: np.ndarray | None = None) -> np.ndarray:
+                       output_tokens: np.ndarray | None = None,
+                       lead: tuple[np.ndarray, int] | None = None) -> np.ndarray:
     """Requests at times ``t`` with prefixes ``local`` (prefix_id = local id) of a namespace.
 
     Rows with equal ``local`` share prefix *and* suffix segment (a replay); ``suffix_len`` is
     indexed by local id (drawn here when None). Every row has its own output length
-    (``output_tokens`` per row, drawn here when None). Returns the suffix lengths by local id.
+    (``output_tokens`` per row, drawn here when None). ``lead`` (segment id per row, tokens)
+    puts that many tokens of a row's segment before its prefix (None: nothing). Returns the
+    suffix lengths by local id.
     """
     local = np.asarray(local, dtype=np.int64)
     if suffix_len is None:
@@ -299,5 +302,15 @@ def add_fresh_prefixes(rows: RequestRows, p: PrefixParams, rng: np.random.Genera
     ids, lens = prefix_suffix_prompts(
         segment_ids(group_index, SegmentKind.PREFIX, local), p.prefix_tokens,
         segment_ids(group_index, SegmentKind.SUFFIX, local), suffix_len[local])
+    if lead is not None:
+        ids, lens = with_lead(ids, lens, *lead)
     rows.add(t, group, contract, role, local, True, out, ids, lens)
     return suffix_len
+
+
+def with_lead(ids: np.ndarray, lens: np.ndarray, lead_ids: np.ndarray,
+              lead_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(n, k)`` segment ids and lengths (tokens) with a first column put before them:
+    segment ``lead_ids[i]`` of ``lead_tokens`` tokens in row ``i``."""
+    return (np.column_stack([np.asarray(lead_ids, dtype=np.int64), ids]),
+            np.column_stack([np.full(len(ids), lead_tokens, dtype=np.int64), lens]))

@@ -1,4 +1,28 @@
-"""``one_touch``: one-touch flooding; the attacker sends never-seen prefixes."""
+"""``one_touch``: one-touch flooding; the attacker sends never-seen prefixes.
+
+Aiming through a fleet's router (``aim``), and the attacker each aim assumes:
+
+* ``session``: the attacker knows the ``session`` router's ring (the endpoint list and the
+  hash: a client of the vLLM production stack's router can learn both) and the victim's hot
+  prefix ids (e.g. by timing probes), and picks the session ids the ring sends to the
+  victim's replicas.
+* ``prefix``: the attacker knows the victim's leading tokens -- a public or leaked system
+  prompt, a shared template, or text recovered by timing probes of the cache -- and starts
+  every prompt with ``lead_blocks`` blocks of one of the victim's hot prefixes (dealt over
+  them in turn), then its own fresh prefix and suffix, unchanged. A router that matches
+  prompt content (``prefix_affinity``, as Ray's and SGLang's trees do) sends it where the
+  victim's prefix went. The engine salts blocks by tenant (vLLM's ``cache_salt``), so the
+  lead is the attacker's own copy: its first request with a lead misses and caches it under
+  the attacker's salt, later ones hit that copy; it never touches or refreshes the victim's
+  blocks. A router that reads the engines' caches (``kv_aware``) therefore sees no victim
+  block in the attacker's prompt: the lead pulls it towards the attacker's own copies.
+  The default lead is the fewest blocks with which every attacker prompt reaches the
+  ``prefix_affinity`` router's default match ratio (Ray's 10% of the prompt's blocks): 11
+  blocks at one_touch's defaults (a 97-block prompt after the lead).
+
+Either way the trace stays a pure function of the parameters (no engine is consulted) and
+only the attacker's prompts (``prefix``) or ids (``session``) differ from the unaimed trace.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +31,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from prefixshield.traces.schema import Trace
-from prefixshield.workloads.attack import AttackParams, fresh_prefix_attack
+from prefixshield.traces.segments import SegmentKind, segment_ids
+from prefixshield.workloads.attack import GI_VICTIM, Aim, AttackParams, fresh_prefix_attack
 from prefixshield.workloads.base import check
 from prefixshield.workloads.registry import register
 
-AIMS = ("none", "session")
-"""How the attacker picks its prefix ids (its session ids): ``none`` (its ordinals: the
-router spreads them as it spreads anyone's) or ``session`` (ids that the ``session`` router,
-keyed by prefix, sends to the replicas serving the victim's hot prefixes)."""
+AIMS = ("none", "session", "prefix")
+"""How the attacker steers the router: ``none`` (its ordinals as prefix ids, its own prompts:
+the router spreads it as it spreads anyone), ``session`` (prefix ids that the ``session``
+router, keyed by prefix, sends to the replicas serving the victim's hot prefixes) or
+``prefix`` (its prompts start with the victim's leading blocks)."""
+
+PREFIX_AIM_MATCH_RATIO = 0.1
+"""The match ratio the default lead is sized for: Ray's ``PrefixCacheAffinityRouter``
+default, which is :class:`~prefixshield.fleet.routers.base.RouterConfig`'s too (tested)."""
 
 MAX_AIM_REPLICAS = 1024
 """Largest fleet an aim may assume (the fleet's own limit)."""
@@ -39,27 +69,72 @@ class OneTouchParams(AttackParams):
             hot prefix ids, e.g. learned by timing probes: a strong attacker). Its requests
             then cycle over those replicas. Routers that do not hash the prefix id do not
             read the choice: under them an aimed attacker is an unaimed one.
-        aim_replicas: the fleet size the aim assumes (1..1024).
+        aim_replicas: the fleet size the ``session`` aim assumes (1..1024).
+        aim_blocks: ``prefix``: the victim's leading blocks before each attacker prompt
+            (1..the victim's prefix blocks; None: the fewest with which every attacker prompt
+            reaches :data:`PREFIX_AIM_MATCH_RATIO`, see :meth:`lead_blocks`).
     """
 
     duration_s: float = 17.0
     aim: str = "none"
     aim_replicas: int = 8
+    aim_blocks: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.aim in AIMS, f"aim must be one of {', '.join(AIMS)}, got {self.aim!r}")
-        check(1 <= self.aim_replicas <= MAX_AIM_REPLICAS,
-              f"aim_replicas must be in [1, {MAX_AIM_REPLICAS}], got {self.aim_replicas}")
+        check_aim(self)
+
+    def lead_blocks(self) -> int:
+        """``aim=prefix``'s lead in blocks: ``aim_blocks``, else :func:`fewest_lead_blocks`
+        for one_touch's attacker prompt (``prefix_tokens`` + the longest suffix)."""
+        return lead_blocks_for(self, self.prefix_tokens)
 
 
-def session_aim(p: OneTouchParams, n: int) -> tuple[np.ndarray, dict]:
+def fewest_lead_blocks(after: int, ratio: float = PREFIX_AIM_MATCH_RATIO) -> int:
+    """The fewest lead blocks ``L`` with ``L >= ratio x (L + after)``: ``prefix_affinity``'s
+    own test for a prompt whose lookup has ``after`` blocks after the lead, so a lead that
+    matches wins the affinity tier."""
+    lead = 1
+    while lead < ratio * (lead + after):
+        lead += 1
+    return lead
+
+
+def lead_blocks_for(p, attacker_prefix_tokens: int) -> int:
+    """``p.aim_blocks``, else :func:`fewest_lead_blocks` for the longest attacker prompt of
+    ``p`` (its ``attacker_prefix_tokens``-token prefix and longest suffix), in blocks."""
+    if p.aim_blocks is not None:
+        return p.aim_blocks
+    return fewest_lead_blocks((attacker_prefix_tokens + p.suffix_tokens[1] - 1)
+                              // p.block_size)
+
+
+def check_aim(p) -> None:
+    """Validate the aim fields of ``p`` (``aim``, ``aim_replicas``, ``aim_blocks``; any attack
+    params with them and a ``lead_blocks()``); raises ValueError naming the field."""
+    check(p.aim in AIMS, f"aim must be one of {', '.join(AIMS)}, got {p.aim!r}")
+    check(1 <= p.aim_replicas <= MAX_AIM_REPLICAS,
+          f"aim_replicas must be in [1, {MAX_AIM_REPLICAS}], got {p.aim_replicas}")
+    check(p.aim_blocks is None or 1 <= p.aim_blocks <= p.prefix_blocks,
+          f"aim_blocks must be in [1, {p.prefix_blocks}] (the victim's prefix blocks), "
+          f"got {p.aim_blocks}")
+    check(p.aim_blocks is None or p.aim == "prefix",
+          f"aim_blocks is read by aim=prefix only (aim is {p.aim!r})")
+    if p.aim == "prefix":
+        check(p.lead_blocks() <= p.prefix_blocks,
+              f"aim=prefix: a {PREFIX_AIM_MATCH_RATIO:.0%} match needs {p.lead_blocks()} "
+              f"leading blocks, more than the victim's {p.prefix_blocks}-block prefix; set "
+              f"aim_blocks")
+
+
+def session_aim(p, n: int) -> Aim:
     """``n`` distinct attacker prefix ids that the ``session`` router (key ``prefix``) over
     ``p.aim_replicas`` replicas sends to the replicas of the victim's hot prefixes, request k
-    to the (k mod T)-th of those T replicas (ascending); and the meta recording the aim.
+    to the (k mod T)-th of those T replicas (ascending), with the meta recording the aim.
 
     The ids are the smallest that do it (a scan upward from 0), so the trace is a pure
-    function of the parameters: no engine or run is consulted."""
+    function of the parameters: no engine or run is consulted. ``p``: attack params with the
+    aim fields (one_touch's or searched_attack's)."""
     from prefixshield.fleet.routers.session import replica_of, ring, routing_key
 
     points, owners = ring(p.aim_replicas)
@@ -75,7 +150,20 @@ def session_aim(p: OneTouchParams, n: int) -> tuple[np.ndarray, dict]:
         c += 1
     taken = {r: iter(v) for r, v in pools.items()}
     ids = np.array([next(taken[targets[k % len(targets)]]) for k in range(n)], dtype=np.int64)
-    return ids, {"aim": "session", "aim_replicas": p.aim_replicas, "aim_targets": targets}
+    return Aim(ids=ids, meta={"aim": "session", "aim_replicas": p.aim_replicas,
+                              "aim_targets": targets})
+
+
+def prefix_aim(p, n: int) -> Aim:
+    """The lead of ``n`` attacker requests: request k starts with the first
+    :meth:`~OneTouchParams.lead_blocks` blocks of the victim's hot prefix ``k mod H`` (its
+    prefix segment, so the tokens equal the victim's), dealt over the hot set in turn.
+    ``p``: attack params with the aim fields and a ``lead_blocks()``."""
+    lead = p.lead_blocks()
+    hot = np.arange(n, dtype=np.int64) % p.hot_prefixes
+    return Aim(lead_segments=segment_ids(GI_VICTIM, SegmentKind.PREFIX, hot),
+               lead_tokens=lead * p.block_size,
+               meta={"aim": "prefix", "aim_lead_blocks": lead})
 
 
 @register("one_touch", OneTouchParams)
@@ -86,8 +174,10 @@ def one_touch(params: OneTouchParams | None = None) -> Trace:
     requests at ``base_rate`` cycling over the hot prefixes (prefix_id = hot prefix index), each
     prefix plus a unique suffix. Attacker (``attacker_contract``, role ``attacker``): one request
     every ``1 / rate`` seconds through the window, each with its own fresh prefix (prefix_id =
-    its ordinal, or chosen to steer the ``session`` router with ``aim="session"``) and suffix.
+    its ordinal, or chosen to steer the ``session`` router with ``aim="session"``) and suffix,
+    after the victim's leading blocks with ``aim="prefix"`` (see the module docstring).
     """
     p = params or OneTouchParams()
-    aim = None if p.aim == "none" else (lambda n: session_aim(p, n))
-    return fresh_prefix_attack("one_touch", p, aim=aim)
+    aims = {"none": None, "session": lambda n: session_aim(p, n),
+            "prefix": lambda n: prefix_aim(p, n)}
+    return fresh_prefix_attack("one_touch", p, aim=aims[p.aim])

@@ -62,6 +62,17 @@ prefix_tokens, rotation_s=None``, no replay, no switching, ``duty=1``, periodic 
 outputs and no victim sync (every default), the attacker rows are ``one_touch``'s at the same
 rate, bit for bit (a test holds this).
 
+**Aiming through a fleet's router** (``aim``, as ``one_touch``'s, see
+:mod:`prefixshield.workloads.one_touch`): ``session`` gives the k-th admitted prefix the k-th
+session id that the ``session`` ring sends to the victim's replicas (its reuses and replays
+keep it; the content stays the attacker's own); ``prefix`` puts ``lead_blocks()`` blocks of
+the victim's hot prefix ``k mod H`` before every prompt of the k-th admitted prefix. The lead
+is part of the prompt the budget charges (requests pay their prompt tokens and block-seconds
+with it), so an aimed point sends fewer requests under a token or block-seconds limit. The
+designed creation (pressure ratio, debt, replay clearance) counts the lead as new blocks at
+every admission; once the attacker has cached its own copy of a lead (tenant salt: never the
+victim's), that overstates what it creates by up to ``lead_blocks()`` blocks an admission.
+
 RNG: the attacker's suffixes and outputs come from its role stream (``STREAM_ATTACKER``) in
 one_touch's order (a suffix per possible prefix, then an output per request); the schedule's
 coin flips and Gamma gaps from a sub-stream ``[seed, STREAM_ATTACKER, 1]``, drawn in the same
@@ -82,8 +93,9 @@ from prefixshield.traces.schema import Trace
 from prefixshield.traces.segments import SegmentKind, segment_ids
 from prefixshield.workloads.attack import GI_ATTACKER, AttackParams, attack_meta, victim_and_window
 from prefixshield.workloads.base import (STREAM_ATTACKER, check, periodic_times,
-                                         prefix_suffix_prompts, rng_for)
-from prefixshield.workloads.one_touch import OneTouchParams
+                                         prefix_suffix_prompts, rng_for, with_lead)
+from prefixshield.workloads.one_touch import (OneTouchParams, check_aim, lead_blocks_for,
+                                              prefix_aim, session_aim)
 from prefixshield.workloads.registry import register
 
 BUDGET_UNITS = ("requests", "prompt_tokens", "tokens", "block_s")
@@ -159,6 +171,8 @@ class SearchedAttackParams(AttackParams):
         victim_sync: probability a request is moved next to a victim arrival (0: one_touch).
         victim_lag: offset from that victim arrival in multiples of the victim's mean gap
             ``1 / base_rate``, in [-0.5, 0.5] (0: at the same instant, after it in the queue).
+        aim, aim_replicas, aim_blocks: as ``one_touch``'s (module doc); ``none``: unaimed
+            (one_touch).
     """
 
     duration_s: float = OneTouchParams.duration_s
@@ -184,6 +198,9 @@ class SearchedAttackParams(AttackParams):
     attacker_output_tokens: int | None = None
     victim_sync: float = 0.0
     victim_lag: float = 0.0
+    aim: str = "none"
+    aim_replicas: int = 8
+    aim_blocks: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -228,12 +245,24 @@ class SearchedAttackParams(AttackParams):
               f"{self.attacker_output_tokens}")
         check(-0.5 <= self.victim_lag <= 0.5,
               f"victim_lag must be in [-0.5, 0.5], got {self.victim_lag}")
+        check_aim(self)
 
     @property
     def attack_prefix_tokens(self) -> int:
         """Tokens of each attacker prefix."""
         return self.prefix_tokens if self.attacker_prefix_tokens is None \
             else self.attacker_prefix_tokens
+
+    def lead_blocks(self) -> int:
+        """``aim=prefix``'s lead in blocks (see ``one_touch``), for this point's prefix."""
+        return lead_blocks_for(self, self.attack_prefix_tokens)
+
+    @property
+    def head_tokens(self) -> int:
+        """Tokens of every attacker prompt before its suffix: the lead (``aim=prefix``) and
+        the attacker's own prefix."""
+        lead = self.lead_blocks() * self.block_size if self.aim == "prefix" else 0
+        return lead + self.attack_prefix_tokens
 
     @property
     def mean_suffix_tokens(self) -> float:
@@ -268,10 +297,10 @@ class SearchedAttackParams(AttackParams):
         """Mean budget one attacker request of this point costs, by unit: 1 request, its
         prompt tokens, prompt + output tokens, and estimated block-seconds
         (:meth:`estimated_block_s`)."""
-        prompt = self.attack_prefix_tokens + self.mean_suffix_tokens
+        prompt = self.head_tokens + self.mean_suffix_tokens
         return {"requests": 1.0, "prompt_tokens": prompt,
                 "tokens": prompt + self._mean_output(self.attacker_output_tokens),
-                "block_s": self.estimated_block_s(self.attack_prefix_tokens,
+                "block_s": self.estimated_block_s(self.head_tokens,
                                                   self.attacker_output_tokens)}
 
     def estimated_block_s(self, prefix_tokens: int, output_tokens: int | None) -> float:
@@ -308,8 +337,7 @@ class SearchedAttackParams(AttackParams):
         from prefixshield.workloads.outputs import output_support
 
         values, probs = output_support(*out)
-        prompt = self.attack_prefix_tokens + np.arange(self.suffix_tokens[0],
-                                                       self.suffix_tokens[1] + 1)
+        prompt = self.head_tokens + np.arange(self.suffix_tokens[0], self.suffix_tokens[1] + 1)
         total = (prompt[:, None] + values[None, :] - 1) // self.block_size
         return float(np.mean(total @ probs))
 
@@ -417,7 +445,7 @@ def plan_prefixes(p: SearchedAttackParams, w0: float, t: np.ndarray, u_replay: n
             else:
                 prefix[i] = prefix_of[key] = len(prefix_of)
         kind[i] = k
-        prompt = p.attack_prefix_tokens + int(suffix_len[prefix[i]])
+        prompt = p.head_tokens + int(suffix_len[prefix[i]])
         blocks = (prompt + int(out[i]) - 1) // B
         if k:
             blocks -= (prompt - 1) // B
@@ -469,6 +497,11 @@ def searched_attack(params: SearchedAttackParams | None = None) -> Trace:
         out = np.full(n, p.attacker_output_tokens, dtype=np.int64)
     plan = plan_prefixes(p, w0, t, u_replay, u_contract, suffix_len, out)
     names = [p.attacker_contract, p.attacker_alt_contract]
+    admitted = int(plan["prefix"].max()) + 1 if n else 0
+    # by admission ordinal: the session id (the ordinal itself unaimed) and the lead
+    aims = {"none": None, "session": session_aim, "prefix": prefix_aim}
+    aim = aims[p.aim](p, admitted) if aims[p.aim] is not None else None
+    session_id = aim.ids if aim is not None and aim.ids is not None else np.arange(admitted)
     prompt_tokens = 0
     for c in (0, 1):
         sel = plan["contract"] == c
@@ -478,8 +511,10 @@ def searched_attack(params: SearchedAttackParams | None = None) -> Trace:
         ids, lens = prefix_suffix_prompts(
             segment_ids(GI_ATTACKER, SegmentKind.PREFIX, local), p.attack_prefix_tokens,
             segment_ids(GI_ATTACKER, SegmentKind.SUFFIX, local), suffix_len[local])
-        rows.add(t[sel], p.attacker_group, names[c], "attacker", local, True, out[sel], ids,
-                 lens)
+        if aim is not None and aim.lead_segments is not None:
+            ids, lens = with_lead(ids, lens, aim.lead_segments[local], aim.lead_tokens)
+        rows.add(t[sel], p.attacker_group, names[c], "attacker", session_id[local], True,
+                 out[sel], ids, lens)
         prompt_tokens += int(lens.sum())
     window = w1 - w0
     kinds = plan["kind"]
@@ -495,14 +530,15 @@ def searched_attack(params: SearchedAttackParams | None = None) -> Trace:
         attacker_tokens_per_s=(prompt_tokens + int(np.sum(out))) / window if window > 0
         else 0.0,
         designed_pressure_ratio=designed / window / rho_used if window > 0 else 0.0,
-        designed_final_debt_blocks=float(plan["designed_debt"][-1]) if n else 0.0)
+        designed_final_debt_blocks=float(plan["designed_debt"][-1]) if n else 0.0,
+        **(aim.meta if aim is not None else {}))
     return rows.finish(p.seed, p.vocab_size, meta)
 
 
 def _designed_blocks(p: SearchedAttackParams, plan: dict, suffix_len: np.ndarray,
                      out: np.ndarray) -> float:
     """Designed new blocks of the whole attacker schedule (see :func:`plan_prefixes`)."""
-    prompt = p.attack_prefix_tokens + suffix_len[plan["prefix"]]
+    prompt = p.head_tokens + suffix_len[plan["prefix"]]
     blocks = (prompt + out - 1) // p.block_size
     blocks = np.where(plan["kind"] > 0, blocks - (prompt - 1) // p.block_size, blocks)
     return float(np.sum(blocks))

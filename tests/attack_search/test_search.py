@@ -28,9 +28,10 @@ TABLES = ("trials.csv", "worst_case.csv", "worst_attacks.csv", "transfer.csv",
           "worst_evictions.csv")
 
 
-def search(out, policies=("lru",), trials=6, executor="inprocess", workers=None, **kw):
-    config = AS.SearchConfig(policies=tuple(policies), trials=trials, seeds=2, eval_seeds=2,
-                             base=SMALL, **kw)
+def search(out, policies=("lru",), trials=6, executor="inprocess", workers=None, base=SMALL,
+           seeds=2, write=True, **kw):
+    config = AS.SearchConfig(policies=tuple(policies), trials=trials, seeds=seeds,
+                             eval_seeds=seeds, base=base, **kw)
     resolved = AS.resolve(config)
     store = AS.open_store(out, config, resolved)
     ex = make_executor(executor, workers)
@@ -38,7 +39,8 @@ def search(out, policies=("lru",), trials=6, executor="inprocess", workers=None,
         res = AS.run_search(store, config, resolved, ex)
     finally:
         ex.close()
-    AS.write_outputs(out, res)
+    if write:  # the tables and figures
+        AS.write_outputs(out, res)
     return res
 
 

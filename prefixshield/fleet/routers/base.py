@@ -63,11 +63,14 @@ class RequestInfo:
     """What a router may know of the trace's requests (arrays by trace row): ``groups`` (names
     by id), ``group_id``,
     ``prefix_id``, ``prompt_tokens``, ``output_tokens`` (int64) and, for routers that read
-    prompts, ``hashes(row)``: the request's full-block hashes of prompt then output (uint64)."""
+    prompts, ``hashes(row)``: the request's full-block hashes of prompt then output (uint64),
+    as the engine computes them (salted by tenant, so tenants never share a block), and
+    ``content_hashes(row)``: the same chain without the tenant salt (what a router that reads
+    the prompt's text or tokens compares: equal content gives equal hashes across tenants)."""
 
     def __init__(self, groups: list[str], group_id: np.ndarray, prefix_id: np.ndarray,
                  prompt_tokens: np.ndarray, output_tokens: np.ndarray, block_size: int,
-                 hashes=None) -> None:
+                 hashes=None, content_hashes=None) -> None:
         self.groups = groups
         self.group_id = group_id
         self.prefix_id = prefix_id
@@ -75,11 +78,14 @@ class RequestInfo:
         self.output_tokens = output_tokens
         self.block_size = block_size
         self.hashes = hashes
+        self.content_hashes = content_hashes
 
-    def prompt_hashes(self, row: int) -> np.ndarray:
+    def prompt_hashes(self, row: int, content: bool = False) -> np.ndarray:
         """Hashes of the request's prompt blocks that a lookup may hit: the first
-        ``(prompt - 1) // block_size`` (vLLM never hits the last prompt token)."""
-        return self.hashes(row)[:(int(self.prompt_tokens[row]) - 1) // self.block_size]
+        ``(prompt - 1) // block_size`` (vLLM never hits the last prompt token); the engine's
+        (tenant-salted) ones, or with ``content`` the unsalted :attr:`content_hashes`."""
+        of = self.content_hashes if content else self.hashes
+        return of(row)[:(int(self.prompt_tokens[row]) - 1) // self.block_size]
 
 
 class ReplicaView(Protocol):

@@ -11,11 +11,15 @@ Reproduces Ray Serve LLM's ``PrefixCacheAffinityRouter`` (and the shape of SGLan
    utilisation) is taken.
 
 The request's prompt blocks then enter the chosen replica's tree. The tree is the router's
-*belief*, not the cache: it never learns of evictions. Simplifications: the tree holds vLLM
-block hashes (chained, so a set of hashes is a tree) where Ray's and SGLang's hold characters
-or tokens; it is unbounded (Ray and SGLang evict their trees by LRU past a size, which a
-trace of this simulator's length rarely reaches); the load check compares exact request
-counts, not sampled queue lengths. Reads replica state (loads): lockstep.
+*belief*, not the cache: it never learns of evictions. It holds the prompt's content: Ray's
+and SGLang's trees hold the prompt's characters or tokens and know nothing of the engine's
+tenant salt (vLLM's ``cache_salt``), so equal leading text matches whichever tenant sent it,
+even where the engine will not let the two tenants share a block. Simplifications: the tree
+holds chained block hashes of the content (unsalted; a set of chained hashes is a tree) where
+Ray's and SGLang's hold characters or tokens; it is unbounded (Ray and SGLang evict their
+trees by LRU past a size, which a trace of this simulator's length rarely reaches); the load
+check compares exact request counts, not sampled queue lengths. Reads replica state (loads):
+lockstep.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ class PrefixAffinity(Router):
 
     def route(self, row, replicas):
         loads = [r.num_requests() for r in replicas]
-        hashes = self.requests.prompt_hashes(row).tolist()
+        hashes = self.requests.prompt_hashes(row, content=True).tolist()
         start = self._last + 1
         if max(loads) - min(loads) > self.config.imbalance or not hashes:
             choice = least(loads, start)
