@@ -17,11 +17,10 @@ group) and the comparison figure.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Callable
-
-import json
 
 from prefixshield.atomic import write_text
 from prefixshield.experiments.overrides import parse_policy_spec
