@@ -6,7 +6,7 @@ the per-replica results attached (:class:`FleetRun`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -54,16 +54,60 @@ class FleetRun:
     None: each replica kept its own buckets."""
 
 
+@dataclass(frozen=True)
+class ReplicaTask:
+    """One split-mode replica as a self-contained task (what an executor ships to a worker).
+
+    Attributes:
+        replica: its index in the fleet.
+        trace: its share of the trace (:func:`~prefixshield.fleet.split.sub_trace`).
+        make_policy: builds its fresh policy (picklable for the process and Ray executors, e.g.
+            a :func:`functools.partial` of :func:`prefixshield.policies.make_policy` over the
+            policy's name and parameters).
+        cost, config, contracts: as for :class:`Engine`.
+    """
+
+    replica: int
+    trace: Trace
+    make_policy: Callable[[], Policy]
+    cost: CostModel
+    config: EngineConfig
+    contracts: Mapping[str, Contract]
+
+
+def run_replica(task: ReplicaTask) -> RunResult:
+    """Run one split-mode replica: an ordinary single engine over its sub-trace (a pure
+    function of the task, so every executor returns the same result)."""
+    return Engine(task.trace, task.make_policy(), task.cost, task.config,
+                  contracts=task.contracts).run()
+
+
+def _run_split(tasks: list[ReplicaTask], executor: Any) -> list[RunResult]:
+    """Every replica's result, in replica order, on ``executor`` (None: one after another
+    here). Results arrive in any order; they are put back by the task's replica index."""
+    if executor is None:
+        return [run_replica(t) for t in tasks]
+    results: list[RunResult | None] = [None] * len(tasks)
+    for task, res in executor.map(run_replica, tasks):
+        results[task.replica] = res
+    return results
+
+
 def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
               config: EngineConfig, contracts: Mapping[str, Contract],
-              fleet: FleetConfig) -> RunResult:
+              fleet: FleetConfig, executor: Any = None) -> RunResult:
     """Simulate ``trace`` on ``fleet.replicas`` engines behind ``fleet.router``.
 
     Args:
         trace: the requests (validated).
-        make_policy: a fresh policy for one replica (called once per replica).
+        make_policy: a fresh policy for one replica (called once per replica). With a process
+            or Ray ``executor`` it must be picklable (not a lambda).
         cost, config, contracts: as for :class:`Engine`, the same for every replica.
         fleet: replicas, router, mode, ledger.
+        executor: where a split run's replicas run (an executor of
+            :mod:`prefixshield.experiments.executors`, a task a replica); None: one after
+            another in this process. Lockstep runs always run here (one loop drives every
+            replica). The result is the same on every executor.
 
     Returns:
         The merged result: records of every row (trace order) with a ``replica`` column,
@@ -72,22 +116,21 @@ def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
         ``fleet`` attribute is the :class:`FleetRun`. Raises
         :class:`~prefixshield.simulator.engine.EngineError` as a replica's engine does.
     """
-    policies = [make_policy() for _ in range(fleet.replicas)]
     # only PrefixShield keeps buckets; under any other policy the fleet ledger changes nothing
-    shared = fleet.ledger == "fleet" and isinstance(policies[0], PrefixShieldPolicy)
+    shared = fleet.ledger == "fleet" and isinstance(make_policy(), PrefixShieldPolicy)
     mode = fleet.resolved_mode(shares_ledger=shared)
     hashes, offsets, info = trace_hashes(trace, config)
     router = make_router(fleet.router, fleet.replicas, info, trace.seed)
     ledger = None
     if mode == "split":
         assignment = router.assign_all(len(trace))
-        results = []
-        for r in range(fleet.replicas):
-            rows = np.flatnonzero(assignment == r)
-            eng = Engine(sub_trace(trace, rows), policies[r], cost, config,
-                         contracts=contracts)
-            results.append(eng.run())
+        # a plain dict: a read-only mapping (DEFAULT_CONTRACTS) does not pickle
+        table = dict(contracts)
+        tasks = [ReplicaTask(r, sub_trace(trace, np.flatnonzero(assignment == r)), make_policy,
+                             cost, config, table) for r in range(fleet.replicas)]
+        results = _run_split(tasks, executor)
     else:
+        policies = [make_policy() for _ in range(fleet.replicas)]
         reps = [LockstepReplica(trace, p, cost, config, contracts=contracts) for p in policies]
         # linked after the engines bind the tenants (binding resets the buckets)
         ledger = FleetLedger(policies, fleet.ledger_staleness_s) if shared else None
