@@ -131,15 +131,14 @@ def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
         results = _run_split(tasks, executor)
     else:
         policies = [make_policy() for _ in range(fleet.replicas)]
-        reps = [LockstepReplica(trace, p, cost, config, contracts=contracts) for p in policies]
+        first = LockstepReplica(trace, policies[0], cost, config, contracts=contracts)
+        # the others take the first's per-request arrays (each row is served by one replica)
+        reps = [first] + [LockstepReplica(trace, p, cost, config, contracts=contracts,
+                                          shared=first.shared) for p in policies[1:]]
         # linked after the engines bind the tenants (binding resets the buckets)
         ledger = FleetLedger(policies, fleet.ledger_staleness_s) if shared else None
         assignment = run_lockstep(reps, router, reps[0].arrival_s, ledger)
-        results = []
-        for rep in reps:
-            res = rep._result()
-            res.records = res.records.iloc[rep.rows].reset_index(drop=True)
-            results.append(res)
+        results = [rep._result() for rep in reps]  # records: the replica's rows
     merged = merge(results, assignment)
     merged.fleet = FleetRun(fleet, mode, assignment, results, hashes, offsets,
                             config.block_size, ledger)

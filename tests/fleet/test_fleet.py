@@ -224,3 +224,18 @@ def test_split_refuses_a_router_that_reads_state():
         FleetConfig(0)
     with pytest.raises(ValueError, match="unknown router"):
         FleetConfig(2, RouterConfig("nope"))
+
+
+def test_lockstep_replicas_share_per_request_arrays_and_own_their_run_state(monkeypatch):
+    made = _count_deferred(monkeypatch)
+    _fleet("one_touch", "lru", FleetConfig(3, RouterConfig("least_loaded")))
+    first, *others = made
+    for rep in others:
+        # read from the trace, or written only at the rows routed to one replica
+        for name in ("arrival_s", "prompt_tokens", "_seg_ids_flat", "first_token_s",
+                     "cached_tokens", "_state"):
+            assert getattr(rep, name) is getattr(first, name)
+        assert rep._head_chunks is first._arrival_chunks  # tokens and hashes built once
+        for name in ("pool", "kv", "env", "scheduler", "waiting", "running", "_occ",
+                     "_run_ids"):
+            assert getattr(rep, name) is not getattr(first, name)
