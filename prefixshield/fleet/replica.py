@@ -247,7 +247,7 @@ class LockstepReplica(Engine):
         return waiting + len(self._fed) + len(self.running)
 
     def cached_prefix_blocks(self, hashes: np.ndarray) -> int:
-        return int(self.pool.find_cached_prefix(hashes, hashes.shape[0]).shape[0])
+        return self.pool.cached_prefix_length(hashes, hashes.shape[0])
 
     def pending_prefill_tokens(self) -> int:
         self._unadmitted = [i for i in self._unadmitted if self.cached_tokens[i] < 0]
@@ -263,4 +263,5 @@ class LockstepReplica(Engine):
         return total
 
     def held_blocks(self) -> int:
-        return int(self.kv.held.sum())
+        # a Python sum of a few groups' counts: numpy's reduction costs more at this size
+        return sum(self.kv.held.tolist())
