@@ -133,3 +133,22 @@ def ratio(num: float, den: float) -> float:
     if not den > 0:
         raise ValueError(f"cannot form a ratio over {den!r} (timed work too short for the clock)")
     return num / den
+
+
+def child_json(code: str, timeout_s: float) -> dict:
+    """Run ``python -c code`` in a fresh process (its own peak RSS) and parse the JSON object
+    its last line of output prints; ``{"error": why}`` when it failed or ran past
+    ``timeout_s`` seconds (the row then says why, nothing is extrapolated)."""
+    import json
+    import subprocess
+    import sys
+
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"abandoned past {timeout_s:g} s (not extrapolated)"}
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"failed (exit {out.returncode}): {last}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
