@@ -17,7 +17,7 @@ from prefixshield.fleet.ledger import FleetLedger
 from prefixshield.fleet.lockstep import run_lockstep
 from prefixshield.fleet.replica import LockstepReplica
 from prefixshield.fleet.routers.base import make_router
-from prefixshield.fleet.split import sub_trace
+from prefixshield.fleet.split import sub_trace, tenants_of
 from prefixshield.policies.base import Policy
 from prefixshield.policies.prefixshield import PrefixShieldPolicy
 from prefixshield.simulator.config import EngineConfig
@@ -126,8 +126,9 @@ def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
         assignment = router.assign_all(len(trace))
         # a plain dict: a read-only mapping (DEFAULT_CONTRACTS) does not pickle
         table = dict(contracts)
-        tasks = [ReplicaTask(r, sub_trace(trace, np.flatnonzero(assignment == r)), make_policy,
-                             cost, config, table) for r in range(fleet.replicas)]
+        tenants = tenants_of(trace)
+        tasks = [ReplicaTask(r, sub_trace(trace, np.flatnonzero(assignment == r), tenants),
+                             make_policy, cost, config, table) for r in range(fleet.replicas)]
         results = _run_split(tasks, executor)
     else:
         policies = [make_policy() for _ in range(fleet.replicas)]
@@ -146,13 +147,18 @@ def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
 
 
 def _sum_series(ts: list[np.ndarray], vs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """The sum of step functions (value ``v[k]`` from ``t[k]`` on), at the union of times."""
-    times = np.unique(np.concatenate(ts))
-    total = np.zeros((times.shape[0], vs[0].shape[1]), dtype=np.int64)
-    for t, v in zip(ts, vs):
-        idx = np.searchsorted(t, times, side="right") - 1
-        total += np.where((idx >= 0)[:, None], v[np.maximum(idx, 0)], 0)
-    return times, total
+    """The sum of step functions (value ``v[k]`` from ``t[k]`` on, 0 before ``t[0]``), at the
+    union of times (sorted, each once), in int64."""
+    # each series as its changes (v[k] - v[k-1] at t[k]); their running sum in time order is
+    # the total, read at the last change of each instant: exact integers, and one sort of
+    # every change instead of a pass over the union per replica
+    t = np.concatenate(ts)
+    d = np.concatenate([np.diff(v.astype(np.int64), axis=0,
+                                prepend=np.zeros((1, v.shape[1]), np.int64)) for v in vs])
+    order = np.argsort(t, kind="stable")
+    t, total = t[order], np.cumsum(d[order], axis=0)
+    last = np.flatnonzero(np.append(t[1:] != t[:-1], True))
+    return t[last], total[last]
 
 
 def merge(results: list[RunResult], assignment: np.ndarray) -> RunResult:

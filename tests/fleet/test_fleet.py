@@ -239,3 +239,14 @@ def test_lockstep_replicas_share_per_request_arrays_and_own_their_run_state(monk
         for name in ("pool", "kv", "env", "scheduler", "waiting", "running", "_occ",
                      "_run_ids"):
             assert getattr(rep, name) is not getattr(first, name)
+
+
+def test_fleet_series_are_the_sum_of_the_replicas_step_functions():
+    from prefixshield.fleet.run import _sum_series
+
+    # replica 0: 2 from 0 s, 5 from 1 s (set twice at 1 s: the later value holds); replica 1:
+    # nothing before 0.5 s, then 3, 1 from 2 s
+    t, v = _sum_series([np.array([0.0, 1.0, 1.0]), np.array([0.5, 2.0])],
+                       [np.array([[2], [4], [5]]), np.array([[3], [1]])])
+    assert t.tolist() == [0.0, 0.5, 1.0, 2.0]
+    assert v[:, 0].tolist() == [2, 5, 8, 6] and v.dtype == np.int64
