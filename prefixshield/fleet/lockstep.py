@@ -23,6 +23,7 @@ loop processed.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 
@@ -104,6 +105,24 @@ def run_lockstep(replicas: list[LockstepReplica], router: Router,
     of any replica (a request it can never admit) is raised. ``ledger``: the replicas' policies
     share it (one time order over all replicas, see the module doc); None: each replica is
     advanced on its own, as a single engine."""
+    # The loop makes short-lived objects at every step, and each of the collector's full
+    # passes would walk every object alive before it (the trace's per-row arrays: millions at
+    # 10^6 requests); frozen, they are left out (a 3x10^5-request, 16-replica run: 92 -> 73
+    # CPU-us a request). Only when nothing was frozen before: unfreezing would free more.
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.collect()
+        gc.freeze()
+    try:
+        return _run(replicas, router, arrival_s, ledger)
+    finally:
+        if freeze:
+            gc.unfreeze()
+
+
+def _run(replicas: list[LockstepReplica], router: Router, arrival_s: np.ndarray,
+         ledger: FleetLedger | None) -> np.ndarray:
+    """:func:`run_lockstep`'s loop."""
     n = arrival_s.shape[0]
     assignment = np.empty(n, dtype=np.int64)
     for rep in replicas:
