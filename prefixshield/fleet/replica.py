@@ -44,8 +44,8 @@ class _ChunkCache:
     :attr:`KEEP` chunks built (:class:`~prefixshield.simulator.engine._Chunks`, each a run of
     consecutive rows), searched newest first; a row in none of them starts a new one. Arrivals
     come in trace order across the fleet and the replicas' queue heads lag them a little, so
-    nearly every row is built once (a single engine's two chunk streams, built per replica,
-    built each row once per replica)."""
+    nearly every row is built once (each replica's own two chunk streams over the whole trace
+    built every row about twice per replica)."""
 
     KEEP = 8
     """Chunks kept (each at most ``Engine.CHUNK_REQUESTS`` rows and ``CHUNK_TOKENS`` tokens
@@ -97,8 +97,11 @@ class SharedRows:
 class LockstepReplica(Engine):
     """An engine over the whole ``trace`` that serves only the rows delivered to it.
 
-    Args: those of :class:`Engine` (``fused`` is forced off). Call :meth:`start`, then
-    :meth:`advance` / :meth:`deliver` in arrival order, then :meth:`close` and :meth:`finish`.
+    Args: those of :class:`Engine` (``fused`` is forced off), and ``shared``: the
+    :attr:`shared` of the run's first replica (built over the same trace, cost, config and
+    contracts), whose per-request arrays this one then uses; None: this is the first. Call
+    :meth:`start`, then :meth:`advance` / :meth:`deliver` in arrival order, then
+    :meth:`close` and :meth:`finish`.
     """
 
     def __init__(self, *args, shared: SharedRows | None = None, **kwargs) -> None:

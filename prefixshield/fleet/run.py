@@ -17,7 +17,7 @@ from prefixshield.fleet.ledger import FleetLedger
 from prefixshield.fleet.lockstep import run_lockstep
 from prefixshield.fleet.replica import LockstepReplica
 from prefixshield.fleet.routers.base import make_router
-from prefixshield.fleet.split import sub_trace, tenants_of
+from prefixshield.fleet.split import pack_trace, sub_trace, tenants_of, unpack_trace
 from prefixshield.policies.base import Policy
 from prefixshield.policies.prefixshield import PrefixShieldPolicy
 from prefixshield.simulator.config import EngineConfig
@@ -73,6 +73,18 @@ class ReplicaTask:
     cost: CostModel
     config: EngineConfig
     contracts: Mapping[str, Contract]
+
+    def __getstate__(self) -> dict:
+        # the sub-trace travels flat (split.pack_trace): its list cells pickle slowly
+        state = dict(vars(self))
+        state["trace"] = pack_trace(self.trace)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        state["trace"] = unpack_trace(state["trace"])
+        for k, v in state.items():
+            object.__setattr__(self, k, v)  # a frozen dataclass
 
 
 def run_replica(task: ReplicaTask) -> RunResult:

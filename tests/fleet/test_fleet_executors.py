@@ -55,3 +55,21 @@ def test_run_hands_split_replicas_to_the_executor(tmp_path):
         assert res.exit_code == 0, res.output
         outs[len(extra)] = pd.read_parquet(out / "lru" / "records.parquet")
     pd.testing.assert_frame_equal(outs[0], outs[4])
+
+
+def test_a_replica_task_travels_flat_and_arrives_the_same():
+    import pickle
+
+    from prefixshield.fleet.run import ReplicaTask
+    from prefixshield.fleet.split import sub_trace
+
+    trace, eng, cost = _trace("sharegpt")
+    st = sub_trace(trace, np.arange(0, len(trace), 3))
+    task = ReplicaTask(1, st, functools.partial(make_policy, "lru", 512), cost, eng, {})
+    back = pickle.loads(pickle.dumps(task))
+    pd.testing.assert_frame_equal(back.trace.requests, st.requests)
+    for a, b in zip(st.requests["segment_ids"], back.trace.requests["segment_ids"]):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    for a, b in zip(st.segments(), back.trace.segments()):
+        assert np.array_equal(a, b)
+    assert (back.replica, back.trace.meta, back.config) == (1, st.meta, eng)
