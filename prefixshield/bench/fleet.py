@@ -11,7 +11,7 @@ of :data:`QUICK_DURATION_S`, about 1,600 requests), under LRU. Rows, each in a f
 * ``split round_robin``: :data:`REPLICAS` (16) replicas of that engine, each running its
   share as an ordinary engine, one after another in the process;
 * ``split round_robin, process``: the same on the process executor with :data:`WORKERS`
-  workers (the driver's peak RSS and, in ``detail``, the largest worker's);
+  workers (the driver's peak RSS and, in ``detail``, the largest worker's ``VmHWM``);
 * ``lockstep least_loaded``: the replicas in one loop, the router reading their queues at
   every arrival (the per-step engine path: the fused loop needs every arrival up front).
 
@@ -50,14 +50,27 @@ QUICK_DURATION_S = 8.0
 """Measured-phase seconds of the warm-up trace and of the ``--quick`` sizing's pilot."""
 
 
-def _peak_bytes(children: bool = False) -> int:
-    """Peak resident set size in bytes (``ru_maxrss``) of this process, or with ``children``
-    of its largest terminated child."""
+def _peak_bytes() -> int:
+    """Peak resident set size of this process in bytes (``ru_maxrss``)."""
     import resource
 
-    who = resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF
-    kib = resource.getrusage(who).ru_maxrss
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(kib) * (1 if sys.platform == "darwin" else 1024)
+
+
+def _workers_peak(executor) -> int | None:
+    """The largest peak RSS in bytes (``VmHWM``) of a process executor's live workers; None
+    where it cannot be read (not Linux, another executor). The workers are the forkserver's
+    children, not this process's: ``RUSAGE_CHILDREN`` does not see them."""
+    pool = getattr(executor, "_pool", None)
+    peaks = []
+    for pid in list(getattr(pool, "_processes", None) or {}):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                peaks += [int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM")]
+        except OSError:
+            continue
+    return max(peaks) if peaks else None
 
 
 def _run_once(trace, mode: str | None, router: str | None, replicas: int, executor) -> None:
@@ -100,13 +113,13 @@ def measure(requests: int, replicas: int, mode: str | None, router: str | None,
         c0, t0 = time.process_time(), time.perf_counter()
         _run_once(trace, mode, router, replicas, ex)
         run_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+        worker_peak = _workers_peak(ex)
     finally:
         if ex is not None:
             ex.close()
     return {"requests": len(trace), "build_s": build_s, "run_s": run_s, "cpu_s": cpu_s,
             "peak_start": start, "peak_after_build": after_build,
-            "peak_after_run": _peak_bytes(),
-            "worker_peak": _peak_bytes(children=True) if executor else None}
+            "peak_after_run": _peak_bytes(), "worker_peak": worker_peak}
 
 
 def _child(requests: int, replicas: int, mode, router, executor, timeout_s: float) -> dict:
