@@ -3,9 +3,9 @@
 The scale section's cheap ``one_touch`` (:data:`~prefixshield.bench.scale.ENGINE_OVERRIDES`
 at :data:`~prefixshield.bench.scale.ENGINE_BLOCKS` blocks: 128-token prefixes, one output
 token), lengthened to about :data:`REQUESTS` (10^6) requests (``--quick``: a measured phase
-of :data:`QUICK_DURATION_S`, about 1,600 requests), under LRU. Rows, each in a fresh child process (its own peak RSS,
-``ru_maxrss``), each building the same trace, loading its kernels on a small run first
-(untimed), then timing the run:
+of :data:`QUICK_DURATION_S`, about 1,600 requests), under LRU. Rows, each in a fresh child
+process (its own peak RSS, ``ru_maxrss``), each building the same trace, loading its kernels
+on a small run first (untimed), then timing the run:
 
 * ``single engine`` (the anchor): ``Engine.run`` on the whole trace (the fused loop);
 * ``split round_robin``: :data:`REPLICAS` (16) replicas of that engine, each running its
@@ -46,6 +46,7 @@ ROWS = (("single engine", None, None, None), ("split round_robin", "split", "rou
 TIMEOUT_S = 1800.0
 """A child is abandoned (and its row says so) past this many seconds."""
 LOCKSTEP_TIMEOUT_S = 1800.0
+"""The lockstep row's limit (about 90 s at 10^6 requests and 16 replicas here, 2026-12-03)."""
 QUICK_DURATION_S = 8.0
 """Measured-phase seconds of the warm-up trace and of the ``--quick`` sizing's pilot."""
 
