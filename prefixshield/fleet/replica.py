@@ -246,7 +246,9 @@ class LockstepReplica(Engine):
 
     # ---------------------------------------------------------------- what routers read
     def num_requests(self) -> int:
-        waiting = len(self.waiting) if self.batched else len(self.scheduler)
+        # waiting requests are in the scheduler's queue under any scheduler but plain FCFS
+        # (and on the step-by-step path), else in self.waiting
+        waiting = len(self.scheduler) if self._scheduler_queue else len(self.waiting)
         return waiting + len(self._fed) + len(self.running)
 
     def cached_prefix_blocks(self, hashes: np.ndarray) -> int:

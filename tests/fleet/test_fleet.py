@@ -250,3 +250,22 @@ def test_fleet_series_are_the_sum_of_the_replicas_step_functions():
                        [np.array([[2], [4], [5]]), np.array([[3], [1]])])
     assert t.tolist() == [0.0, 0.5, 1.0, 2.0]
     assert v[:, 0].tolist() == [2, 5, 8, 6] and v.dtype == np.int64
+
+
+@pytest.mark.parametrize("scheduler", ["fcfs", "vtc"])
+def test_a_replica_counts_the_requests_its_scheduler_holds(monkeypatch, scheduler):
+    # waiting requests sit in Engine.waiting under FCFS, in the scheduler's queue under VTC:
+    # the count the routers read is every request routed here and not finished, either way
+    reads = []
+    count = LockstepReplica.num_requests
+
+    def spy(self):
+        reads.append((count(self), len(self.scheduler), len(self.waiting) + len(self._fed)
+                      + len(self.running)))
+        return reads[-1][0]
+
+    monkeypatch.setattr(LockstepReplica, "num_requests", spy)
+    _fleet("sharegpt", "lru", FleetConfig(2, RouterConfig("least_loaded")), scheduler,
+           alpha=3.0)
+    assert all(got == queued + rest for got, queued, rest in reads)
+    assert max(got for got, _, _ in reads) > 2  # requests did wait
