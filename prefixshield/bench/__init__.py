@@ -13,7 +13,9 @@ Sections (one module each, in the order they run):
 * :mod:`~prefixshield.bench.plugin`: the vLLM plugin vs native vLLM per operation;
 * :mod:`~prefixshield.bench.scale`: engine time per request and pool memory per block, by size;
 * :mod:`~prefixshield.bench.traces`: building a generated trace vs simulating it under LRU, and
-  the peak RSS of a long (8 x 10^6-request) run.
+  the peak RSS of a long (8 x 10^6-request) run;
+* :mod:`~prefixshield.bench.fleet`: split and lockstep fleet runs (10^6 requests, 16 replicas)
+  vs one engine on the same trace, time per request and peak RSS.
 
 Each section exposes ``steps(quick) -> int`` (progress steps it announces) and
 ``run(quick, tick) -> SectionResult``. Absolute times are printed and written, never asserted.
@@ -31,7 +33,7 @@ from typing import Any, Callable, Sequence
 from prefixshield.bench.common import SectionResult
 
 SECTION_NAMES = ("engine", "schedulers", "startup", "keystream", "selector", "state", "pool",
-                 "plugin", "scale", "traces")
+                 "plugin", "scale", "traces", "fleet")
 """Every section, in run order (module names under :mod:`prefixshield.bench`)."""
 
 

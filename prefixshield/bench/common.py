@@ -133,3 +133,41 @@ def ratio(num: float, den: float) -> float:
     if not den > 0:
         raise ValueError(f"cannot form a ratio over {den!r} (timed work too short for the clock)")
     return num / den
+
+
+def child_json(code: str, timeout_s: float) -> dict:
+    """Run ``python -c code`` in a fresh process (its own peak RSS) and parse the JSON object
+    its last line of output prints; ``{"error": why}`` when it failed or ran past
+    ``timeout_s`` seconds (the row then says why, nothing is extrapolated)."""
+    import json
+    import subprocess
+    import sys
+
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"error": f"abandoned past {timeout_s:g} s (not extrapolated)"}
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"failed (exit {out.returncode}): {last}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def peak_rss() -> int:
+    """This process's peak resident set size so far, bytes: ``VmHWM`` of
+    ``/proc/self/status`` where there is one (Linux), else ``ru_maxrss``. On Linux
+    ``ru_maxrss`` survives ``exec``: a child started by a process holding 1.3 GiB reads 1.3
+    GiB before it allocates anything, where ``VmHWM`` belongs to the new program's memory."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+    import sys
+
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(kib) * (1 if sys.platform == "darwin" else 1024)

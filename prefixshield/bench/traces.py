@@ -14,7 +14,7 @@
    construction (per-request arrays from the trace) is reported apart, in ``detail``.
 2. *Long runs* (rows ``long run``): one child process per row generates a long trace of the
    same workload at load :data:`LONG_ALPHA` and simulates it under LRU, reporting its peak
-   resident set size (the child's own ``VmHWM``, see :func:`_peak_rss`) at the start, after
+   resident set size (the child's own ``VmHWM``, see :func:`~prefixshield.bench.common.peak_rss`) at the start, after
    the build and after the run, and the wall times. Rows ``long run, streamed`` at
    :data:`LONG_SIZES` (10^6 and 10^7 requests; ``--quick``: :data:`QUICK_LONG_SIZES`, and no
    unstreamed row): the trace generated a window of time at a time and run by
@@ -40,13 +40,11 @@ Each part starts with an untimed warm-up (kernels loaded). No number is asserted
 from __future__ import annotations
 
 import gc
-import json
 import math
-import subprocess
-import sys
 import time
 
-from prefixshield.bench.common import Column, SectionResult, Tick, no_progress, ratio
+from prefixshield.bench.common import (Column, SectionResult, Tick, child_json, no_progress,
+                                       peak_rss, ratio)
 from prefixshield.bench.scale import (ENGINE_BLOCKS, ENGINE_OVERRIDES, ENGINE_PROFILE,
                                       engine_setup)
 
@@ -142,24 +140,6 @@ def build_rows(sizes, repeats: int, tick: Tick) -> list[dict]:
     return rows
 
 
-def _peak_rss() -> int:
-    """This process's peak resident set size so far, bytes: ``VmHWM`` of
-    ``/proc/self/status`` where there is one (Linux), else ``ru_maxrss``. On Linux
-    ``ru_maxrss`` survives ``exec``: a child started by a process holding 1.3 GiB reads 1.3
-    GiB before it allocates anything, where ``VmHWM`` belongs to the new program's memory."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-
-    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(kib) * (1 if sys.platform == "darwin" else 1024)
-
-
 def long_run(requests: int, streamed: bool = True) -> dict:
     """Simulate a trace of about ``requests`` requests (load :data:`LONG_ALPHA`) under LRU in
     this process; returns the
@@ -177,18 +157,18 @@ def long_run(requests: int, streamed: bool = True) -> dict:
 
     duration = duration_for(requests, LONG_ALPHA)
     gc.collect()
-    start = _peak_rss()
+    start = peak_rss()
     if not streamed:
         t0 = time.perf_counter()
         trace = cheap_trace(duration, LONG_ALPHA)
         build_s = time.perf_counter() - t0
-        after_build = _peak_rss()
+        after_build = peak_rss()
         engine = lru_engine(trace)
         t0 = time.perf_counter()
         engine.run()
         return {"requests": len(trace), "build_s": build_s, "run_s": time.perf_counter() - t0,
                 "peak_rss_start": start, "peak_rss_after_build": after_build,
-                "peak_rss_after_run": _peak_rss(), "windows": engine.num_windows,
+                "peak_rss_after_run": peak_rss(), "windows": engine.num_windows,
                 "fused": bool(engine.fused_applies()), "streamed": False}
     from prefixshield.experiments.streamed import build_stream
     from prefixshield.policies import make_policy
@@ -199,7 +179,7 @@ def long_run(requests: int, streamed: bool = True) -> dict:
     t0 = time.perf_counter()
     stream = build_stream(cheap_spec(duration, LONG_ALPHA))[0]
     build_s = time.perf_counter() - t0   # the stream's setup; windows are drawn as it runs
-    after_build = _peak_rss()
+    after_build = peak_rss()
     folder = tempfile.mkdtemp(prefix="prefixshield-long-")
     try:
         t0 = time.perf_counter()
@@ -207,7 +187,7 @@ def long_run(requests: int, streamed: bool = True) -> dict:
                              load_profile(ENGINE_PROFILE).cost,
                              EngineConfig(num_blocks=ENGINE_BLOCKS), folder).run()
         run_s = time.perf_counter() - t0
-        after_run = _peak_rss()
+        after_run = peak_rss()
         t0 = time.perf_counter()
         summarize_files(result)
         summary_s = time.perf_counter() - t0
@@ -217,7 +197,7 @@ def long_run(requests: int, streamed: bool = True) -> dict:
     return {"requests": result.requests, "build_s": build_s, "run_s": run_s,
             "summary_s": summary_s, "peak_rss_start": start,
             "peak_rss_after_build": after_build, "peak_rss_after_run": after_run,
-            "peak_rss_after_summary": _peak_rss(), "windows": result.num_windows,
+            "peak_rss_after_summary": peak_rss(), "windows": result.num_windows,
             "records_mib": records_mib, "fused": True, "streamed": True}
 
 
@@ -226,17 +206,10 @@ def long_row(requests: int, streamed: bool = True) -> dict:
     code = ("import json, sys; from prefixshield.bench.traces import long_run; "
             f"print(json.dumps(long_run({int(requests)}, {bool(streamed)})))")
     part = "long run, streamed" if streamed else "long run"
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             timeout=LONG_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
+    r = child_json(code, LONG_TIMEOUT_S)
+    if "error" in r:
         return {"part": part, "size": requests, "wall_s": None, "us_per_request": None,
-                "vs_simulate": None, "detail": f"abandoned past {LONG_TIMEOUT_S:g} s"}
-    if out.returncode != 0:
-        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"part": part, "size": requests, "wall_s": None, "us_per_request": None,
-                "vs_simulate": None, "detail": f"failed (exit {out.returncode}): {last}"}
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+                "vs_simulate": None, "detail": r["error"]}
     n = r["requests"]
     mib = 1 << 20
     what = (f"streamed, {r['windows']:,} windows, records file {r['records_mib']:,.0f} MiB"

@@ -31,7 +31,7 @@ def _table(result) -> Table:
               help="Also write every number, with the machine it ran on, to this JSON file.")
 @click.option("--section", "sections", multiple=True,
               help="Run only this section (repeatable): engine, schedulers, startup, keystream, "
-                   "selector, state, pool, plugin, scale, traces. Default: all.")
+                   "selector, state, pool, plugin, scale, traces, fleet. Default: all.")
 @_user_errors
 def bench(quick, json_path, sections):
     """Measure the simulator's speed, each figure against its anchor in the same run.
@@ -42,7 +42,8 @@ def bench(quick, json_path, sections):
     KVCacheManager), the vLLM plugin (vs native vLLM), and scale (engine time per request and
     block-pool memory per block over sizes up to 10^6 requests and 2^20 blocks), and traces
     (building a generated trace vs simulating it under LRU, and the peak RSS of runs of
-    10^6 and 10^7 requests streamed through the engine).
+    10^6 and 10^7 requests streamed through the engine), and fleet (split and lockstep runs of
+    10^6 requests over 16 replicas vs one engine, and their peak RSS).
     Absolute times depend on the machine and its load; compare the ratios.
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

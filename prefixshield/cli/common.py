@@ -259,21 +259,67 @@ def _scheduler_options(fn):
     return wrapper
 
 
+EXECUTOR_NAMES = ("process", "inprocess", "ray")
+"""The ``--executor`` choices (:data:`prefixshield.experiments.executors.EXECUTORS`, not
+imported here: the CLI's start stays light)."""
+
+
+def executor_options(default: str, what: str):
+    """A decorator adding ``--executor`` (default ``default``), ``--workers`` and ``--address``
+    to a command; ``what`` ends the ``--executor`` help ("Where ... run")."""
+    opts = [
+        click.option("--executor", type=click.Choice(list(EXECUTOR_NAMES)), default=default,
+                     show_default=True,
+                     help=f"Where {what} run: a local process pool, this process, or Ray."),
+        click.option("--workers", type=WORKERS, default=None,
+                     help="Process-pool workers (or local Ray CPUs) [default: one per core]."),
+        click.option("--address", default=None,
+                     help="Ray cluster address (with --executor ray) [default: a local Ray]."),
+    ]
+
+    def decorate(fn):
+        for opt in reversed(opts):
+            fn = opt(fn)
+        return fn
+
+    return decorate
+
+
+@contextlib.contextmanager
+def fleet_executor(spec):
+    """The executor of ``spec`` (``(name, workers, address)`` from :func:`_fleet_options`, or
+    None: yields None, replicas run here), closed on leaving."""
+    if spec is None:
+        yield None
+        return
+    from prefixshield.experiments.executors import make_executor
+
+    ex = make_executor(*spec)
+    try:
+        yield ex
+    finally:
+        ex.close()
+
+
 def _fleet_options(fn):
     """``--replicas``, ``--router``, ``--router-imbalance``, ``--router-match``,
     ``--router-key``, ``--fleet-mode``, ``--ledger``, ``--ledger-staleness``: a fleet of
     engines behind a router (and where PrefixShield's ledger lives), handed to the command as
     one ``fleet`` argument (a :class:`~prefixshield.fleet.config.FleetConfig`, or
-    None without ``--replicas``). Bad values are a one-line error naming the option before any
-    work."""
+    None without ``--replicas``); and ``--executor``, ``--workers``, ``--address``: where a
+    split fleet's replicas run, handed as ``executor_spec`` (``(name, workers, address)``
+    for :func:`fleet_executor`, or None: in this process). Bad values are a one-line error
+    naming the option before any work."""
     from prefixshield.fleet.config import MAX_REPLICAS, MODES
     from prefixshield.fleet.ledger import LEDGERS, MAX_STALENESS_S
 
     @functools.wraps(fn)
     def wrapper(*args, replicas, router, router_imbalance, router_match, router_key,
-                fleet_mode, ledger, ledger_staleness, **kwargs):
-        return fn(*args, fleet=_fleet_config(replicas, router, router_imbalance, router_match,
-                                             router_key, fleet_mode, ledger, ledger_staleness),
+                fleet_mode, ledger, ledger_staleness, executor, workers, address, **kwargs):
+        fleet = _fleet_config(replicas, router, router_imbalance, router_match, router_key,
+                              fleet_mode, ledger, ledger_staleness)
+        return fn(*args, fleet=fleet,
+                  executor_spec=_fleet_executor_spec(fleet, executor, workers, address),
                   **kwargs)
 
     opts = [
@@ -311,7 +357,27 @@ def _fleet_options(fn):
     ]
     for opt in reversed(opts):
         wrapper = opt(wrapper)
-    return wrapper
+    # a lockstep fleet is one loop over every replica: only split replicas can be spread
+    return executor_options("inprocess", "a split fleet's replicas")(wrapper)
+
+
+def _fleet_executor_spec(fleet, executor, workers, address):
+    """``(executor, workers, address)`` when a split fleet's replicas run on an executor other
+    than this process, else None; an executor option without a split fleet (nothing it could
+    run) is a ``click.BadParameter``."""
+    given = [k for k, v in (("--workers", workers), ("--address", address)) if v is not None]
+    if executor != "inprocess":
+        given.insert(0, "--executor")
+    if not given:
+        return None
+    if fleet is None:
+        raise click.BadParameter("needs --replicas N (a fleet)", param_hint=given[0])
+    if fleet.resolved_mode() != "split":
+        raise click.BadParameter("runs a split fleet's replicas; this fleet runs in lockstep "
+                                 "(one loop drives every replica)", param_hint=given[0])
+    if address is not None and executor != "ray":
+        raise click.BadParameter("needs --executor ray", param_hint="--address")
+    return (executor, workers, address) if executor != "inprocess" else None
 
 
 def _fleet_config(replicas, router, imbalance, match, key, mode, ledger=None, staleness=None):

@@ -14,23 +14,12 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from prefixshield.cli.common import WORKERS, _policy_names, _user_errors, console, count
+from prefixshield.cli.common import (_policy_names, _user_errors, console, count,
+                                     executor_options)
 from prefixshield.edges import MAX_SEEDS
 
 
-def _executor_options(fn):
-    opts = [
-        click.option("--executor", type=click.Choice(["process", "inprocess", "ray"]),
-                     default="process", show_default=True,
-                     help="Where cells run: a local process pool, this process, or Ray."),
-        click.option("--workers", type=WORKERS, default=None,
-                     help="Process-pool workers (or local Ray CPUs) [default: one per core]."),
-        click.option("--address", default=None,
-                     help="Ray cluster address (with --executor ray) [default: a local Ray]."),
-    ]
-    for opt in reversed(opts):
-        fn = opt(fn)
-    return fn
+_executor_options = executor_options("process", "cells")
 
 
 def _run_with_progress(store, executor_name, workers, address, what: str):

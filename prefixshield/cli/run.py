@@ -14,7 +14,8 @@ from prefixshield.cli.common import (SEED, _engine_options, _fleet_options, _loa
                                      _loading,
                                      _policy_names, _refuse_option_keys, _scheduler_options,
                                      _user_errors, _workload_names, _workload_options,
-                                     _workload_overrides, console, count, finite)
+                                     _workload_overrides, console, count, finite,
+                                     fleet_executor)
 from prefixshield.edges import MAX_SEEDS
 
 
@@ -69,8 +70,8 @@ _CONTRACTS = click.option(
                    "groups.csv, the figure.")
 @_user_errors
 def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
-        max_num_batched_tokens, profile, scheduler, fleet, seed, alpha, overrides, out_dir, plot,
-        check_invariants, c_prefill_basis, contracts_mode, scale_to_load, stream):
+        max_num_batched_tokens, profile, scheduler, fleet, executor_spec, seed, alpha, overrides,
+        out_dir, plot, check_invariants, c_prefill_basis, contracts_mode, scale_to_load, stream):
     """Simulate WORKLOAD under one or more policies and print a summary table.
 
     WORKLOAD is a generated workload name or a trace .parquet file (see `prefixshield trace`).
@@ -106,10 +107,10 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
         spec, info = _fit_contracts(trace, spec, info)
     timings: dict[str, float] = {}
     failures: dict[str, str] = {}
-    with console.status("simulating...") as status:
+    with console.status("simulating...") as status, fleet_executor(executor_spec) as ex:
         done = _on_done(status, timings, lambda name, _result, s: f"simulated {name} in {s:.2f} s")
 
-        results = run_policies(trace, spec, on_done=done, failures=failures)
+        results = run_policies(trace, spec, on_done=done, failures=failures, executor=ex)
     _print_summary(results, timings, failures)
     _print_debt_warning(results)
     if fleet is not None:
@@ -154,8 +155,8 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
               help="Write per-run rows and the paired table as CSV (OUT and OUT.paired.csv).")
 @_user_errors
 def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
-            max_num_batched_tokens, profile, scheduler, fleet, seeds, alpha, overrides,
-            c_prefill_basis, contracts_mode, out_csv):
+            max_num_batched_tokens, profile, scheduler, fleet, executor_spec, seeds, alpha,
+            overrides, c_prefill_basis, contracts_mode, out_csv):
     """Paired comparison of policies on a generated WORKLOAD over several seeds.
 
     Prints the mean hit ratio and P95 TTFT of the judged requests per policy, and the paired
@@ -192,11 +193,13 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
     _print_header(workload, trace0, spec, info0)
     fitted = _fit_contracts(trace0, spec, info0)[0].contracts if contracts_mode == "fit" \
         else None
-    with Progress(console=console, transient=True) as progress:
+    with Progress(console=console, transient=True) as progress, \
+            fleet_executor(executor_spec) as ex:
         task = progress.add_task(f"{workload}: {len(names)} policies x {seeds} seeds",
                                  total=seeds)
         runs = run_paired(spec, list(range(seeds)),
-                          on_seed=lambda _s: progress.advance(task), contracts=fitted)
+                          on_seed=lambda _s: progress.advance(task), contracts=fitted,
+                          executor=ex)
     table_df = paired_table(runs, baseline=names[0],
                             metrics=("hit_ratio", "token_hit_ratio", "p95_ttft_s",
                                      "arrival_hit_ratio", "p95_queue_s"))

@@ -301,7 +301,9 @@ def run_task(task: Task) -> list[CellOutcome]:
         t0 = time.perf_counter()
         try:
             name, kwargs = parse_policy_spec(pspec)
-            result = _run_one(trace, spec, name, kwargs)  # one engine, or the point's fleet
+            # one engine, or the point's fleet; its replicas run here, one after another: a
+            # sweep already runs its cells in parallel, and a pool inside a worker would nest
+            result = _run_one(trace, spec, name, kwargs)
         except (ValueError, EngineError) as e:
             out.append(CellOutcome(pspec, failed_row(str(e))))
             continue

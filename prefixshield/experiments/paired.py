@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import pandas as pd
 
@@ -13,20 +13,20 @@ from prefixshield.simulator.metrics import paired_difference, summarize
 
 def run_paired(spec: RunSpec, seeds: list[int],
                on_seed: Callable[[int], None] | None = None,
-               contracts: Mapping | None = None) -> pd.DataFrame:
+               contracts: Mapping | None = None, executor: Any = None) -> pd.DataFrame:
     """Run ``spec`` once per seed (the seed replaces ``spec.seed``); one row per (seed, policy)
     with ``status`` (``ok``, or ``failed`` with ``error`` when the policy cannot serve that
     seed's trace; its metrics are then NaN) and the
     :func:`~prefixshield.simulator.metrics.summarize` columns. ``contracts``, when given, are
     what the policies meter by; each seed's trace is still built with ``spec``'s own (so an
-    attack keeps its size)."""
+    attack keeps its size). ``executor``: where a split fleet's replicas run (None: here)."""
     rows = []
     for seed in seeds:
         s = replace(spec, seed=seed)
         trace, _info = build_trace(s)
         failures: dict[str, str] = {}
         policy_spec = s if contracts is None else replace(s, contracts=contracts)
-        results = run_policies(trace, policy_spec, failures=failures)
+        results = run_policies(trace, policy_spec, failures=failures, executor=executor)
         for label in s.policies:
             if label in results:
                 rows.append({"seed": seed, "policy": label, "status": "ok", "error": "",

@@ -6,6 +6,7 @@ This is what ``prefixshield run`` does; the CLI only parses options and calls in
 from __future__ import annotations
 
 import dataclasses
+import functools
 import glob
 import json
 import os
@@ -238,18 +239,21 @@ def check_scheduler(trace: Trace, engine: EngineConfig, source: str) -> None:
 
 def run_policies(trace: Trace, spec: RunSpec,
                  on_done: Callable[[str, RunResult], None] | None = None,
-                 failures: dict[str, str] | None = None) -> dict[str, RunResult]:
+                 failures: dict[str, str] | None = None,
+                 executor: Any = None) -> dict[str, RunResult]:
     """Run ``trace`` once per policy of ``spec`` (a fresh policy and engine each time).
 
     A policy that cannot serve the trace (e.g. a request larger than what a static quota may
     ever give its group) raises :class:`~prefixshield.simulator.engine.EngineError`; with a
     ``failures`` dict, its reason is recorded there under the policy's label instead and the
-    other policies still run (a comparison never sinks with one policy)."""
+    other policies still run (a comparison never sinks with one policy). ``executor``: where a
+    split fleet's replicas run (see :func:`prefixshield.fleet.run.run_fleet`; None: here, one
+    after another); single engines and lockstep fleets always run here."""
     results = {}
     for label in spec.policies:
         name, kwargs = parse_policy_spec(label)
         try:
-            results[label] = _run_one(trace, spec, name, kwargs)
+            results[label] = _run_one(trace, spec, name, kwargs, executor)
         except EngineError as e:
             if failures is None:
                 raise
@@ -260,19 +264,20 @@ def run_policies(trace: Trace, spec: RunSpec,
     return results
 
 
-def _run_one(trace: Trace, spec: RunSpec, name: str, kwargs: dict) -> RunResult:
-    """One policy's run: one engine, or the fleet of ``spec.fleet``."""
-    def fresh():
-        return make_policy(name, spec.engine.num_blocks, vllm_compat=spec.engine.vllm_compat,
-                           **kwargs)
-
+def _run_one(trace: Trace, spec: RunSpec, name: str, kwargs: dict,
+             executor: Any = None) -> RunResult:
+    """One policy's run: one engine, or the fleet of ``spec.fleet`` (split replicas on
+    ``executor``, None: here)."""
+    # a partial of a module function, not a closure: an executor's workers unpickle it
+    fresh = functools.partial(make_policy, name, spec.engine.num_blocks,
+                              vllm_compat=spec.engine.vllm_compat, **kwargs)
     if spec.fleet is None:
         return Engine(trace, fresh(), spec.profile.cost, spec.engine,
                       contracts=spec.contract_table).run()
     from prefixshield.fleet.run import run_fleet
 
     return run_fleet(trace, fresh, spec.profile.cost, spec.engine, spec.contract_table,
-                     spec.fleet)
+                     spec.fleet, executor)
 
 
 def _scale_to_engine(trace: Trace, spec: RunSpec, info: dict) -> tuple[Trace, dict]:

@@ -18,6 +18,9 @@ key                                what it sets
 ``replicas`` ``router``            a fleet: that many engines (each with the point's engine
 ``router_key``                     fields) behind a router; ``router_key`` is the ``session``
                                    router's key (``prefix`` or ``group``); docs/fleet.md
+``ledger``                         with ``replicas``: where PrefixShield's buckets live,
+``ledger_staleness_s``             ``replica`` (default) or ``fleet``; with ``fleet``, seconds
+                                   before one replica's charge reaches the others (default 0)
 ``c_prefill_basis``                ``reference`` (C_prefill measured once on the reference
                                    pool of 512 blocks: the same rates at every capacity) or
                                    ``capacity`` (measured at each point's own pool)
@@ -69,24 +72,32 @@ SCHEDULER_KEYS = {"scheduler": None, "tenant_max_running": "max_running",
                   "tenant_max_output_tokens": "max_output_tokens"}
 """Field key -> the :class:`~prefixshield.scheduling.TenantLimits` attribute it sets for every
 group (``scheduler``: the scheduler's name)."""
-FLEET_KEYS = ("replicas", "router", "router_key")
+FLEET_KEYS = ("replicas", "router", "router_key", "ledger", "ledger_staleness_s")
 """Fields of a fleet (:func:`fleet_of`); a point without ``replicas`` runs one engine."""
 
 
 def fleet_of(settings: Mapping[str, Any]):
     """The :class:`~prefixshield.fleet.config.FleetConfig` of a point's ``FLEET_KEYS`` (None
     without ``replicas``); ``router`` defaults to ``round_robin``, ``router_key`` to
-    ``prefix``. Raises :class:`SpecError` for a router field without ``replicas``."""
+    ``prefix``, ``ledger`` to ``replica``, ``ledger_staleness_s`` to 0 s. Raises
+    :class:`SpecError` for a fleet field without ``replicas``, or a staleness without the
+    fleet ledger."""
     if "replicas" not in settings:
         if any(k in settings for k in FLEET_KEYS):
-            raise SpecError("router and router_key need replicas (a fleet)")
+            raise SpecError("router, router_key, ledger and ledger_staleness_s need replicas "
+                            "(a fleet)")
         return None
     from prefixshield.fleet.config import FleetConfig
     from prefixshield.fleet.routers.base import RouterConfig
 
     rc = RouterConfig(name=settings.get("router", "round_robin"),
                       session_key=settings.get("router_key", "prefix"))
-    return FleetConfig(replicas=int(settings["replicas"]), router=rc)
+    try:
+        return FleetConfig(replicas=int(settings["replicas"]), router=rc,
+                           ledger=settings.get("ledger", "replica"),
+                           ledger_staleness_s=float(settings.get("ledger_staleness_s", 0.0)))
+    except ValueError as e:
+        raise SpecError(str(e)) from None
 
 
 def scheduler_of(settings: Mapping[str, Any]):
@@ -214,6 +225,7 @@ class Experiment:
             for point in self.points():
                 try:
                     resolve_contracts(point.settings)
+                    fleet_of(point.settings)  # a bad fleet before any cell runs
                 except SpecError as e:
                     raise SpecError(f"experiment {self.name}: {e}") from None
 
@@ -330,6 +342,18 @@ def type_field(workload: str, key: str, text: str, where: str = "") -> Any:
             if text not in ("prefix", "group"):
                 raise SpecError(f"{prefix}router_key: must be prefix or group, got {text!r}")
             return text
+        if key == "ledger":
+            from prefixshield.fleet.ledger import LEDGERS
+
+            return _one_of(prefix, key, text, LEDGERS)
+        if key == "ledger_staleness_s":
+            from prefixshield.fleet.ledger import MAX_STALENESS_S
+
+            value = _convert(text, float, key)
+            if not (math.isfinite(value) and 0 <= value <= MAX_STALENESS_S):
+                raise SpecError(f"{prefix}ledger_staleness_s: must be a number of seconds in "
+                                f"[0, {MAX_STALENESS_S:g}], got {text!r}")
+            return value
         if key == "alpha":
             value = _convert(text, float, key)
             if not (math.isfinite(value) and 0 < value <= 100):

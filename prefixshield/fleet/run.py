@@ -6,7 +6,7 @@ the per-replica results attached (:class:`FleetRun`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -17,7 +17,7 @@ from prefixshield.fleet.ledger import FleetLedger
 from prefixshield.fleet.lockstep import run_lockstep
 from prefixshield.fleet.replica import LockstepReplica
 from prefixshield.fleet.routers.base import make_router
-from prefixshield.fleet.split import sub_trace
+from prefixshield.fleet.split import pack_trace, sub_trace, tenants_of, unpack_trace
 from prefixshield.policies.base import Policy
 from prefixshield.policies.prefixshield import PrefixShieldPolicy
 from prefixshield.simulator.config import EngineConfig
@@ -54,16 +54,72 @@ class FleetRun:
     None: each replica kept its own buckets."""
 
 
+@dataclass(frozen=True)
+class ReplicaTask:
+    """One split-mode replica as a self-contained task (what an executor ships to a worker).
+
+    Attributes:
+        replica: its index in the fleet.
+        trace: its share of the trace (:func:`~prefixshield.fleet.split.sub_trace`).
+        make_policy: builds its fresh policy (picklable for the process and Ray executors, e.g.
+            a :func:`functools.partial` of :func:`prefixshield.policies.make_policy` over the
+            policy's name and parameters).
+        cost, config, contracts: as for :class:`Engine`.
+    """
+
+    replica: int
+    trace: Trace
+    make_policy: Callable[[], Policy]
+    cost: CostModel
+    config: EngineConfig
+    contracts: Mapping[str, Contract]
+
+    def __getstate__(self) -> dict:
+        # the sub-trace travels flat (split.pack_trace): its list cells pickle slowly
+        state = dict(vars(self))
+        state["trace"] = pack_trace(self.trace)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        state["trace"] = unpack_trace(state["trace"])
+        for k, v in state.items():
+            object.__setattr__(self, k, v)  # a frozen dataclass
+
+
+def run_replica(task: ReplicaTask) -> RunResult:
+    """Run one split-mode replica: an ordinary single engine over its sub-trace (a pure
+    function of the task, so every executor returns the same result)."""
+    return Engine(task.trace, task.make_policy(), task.cost, task.config,
+                  contracts=task.contracts).run()
+
+
+def _run_split(tasks: list[ReplicaTask], executor: Any) -> list[RunResult]:
+    """Every replica's result, in replica order, on ``executor`` (None: one after another
+    here). Results arrive in any order; they are put back by the task's replica index."""
+    if executor is None:
+        return [run_replica(t) for t in tasks]
+    results: list[RunResult | None] = [None] * len(tasks)
+    for task, res in executor.map(run_replica, tasks):
+        results[task.replica] = res
+    return results
+
+
 def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
               config: EngineConfig, contracts: Mapping[str, Contract],
-              fleet: FleetConfig) -> RunResult:
+              fleet: FleetConfig, executor: Any = None) -> RunResult:
     """Simulate ``trace`` on ``fleet.replicas`` engines behind ``fleet.router``.
 
     Args:
         trace: the requests (validated).
-        make_policy: a fresh policy for one replica (called once per replica).
+        make_policy: a fresh policy for one replica (called once per replica). With a process
+            or Ray ``executor`` it must be picklable (not a lambda).
         cost, config, contracts: as for :class:`Engine`, the same for every replica.
         fleet: replicas, router, mode, ledger.
+        executor: where a split run's replicas run (an executor of
+            :mod:`prefixshield.experiments.executors`, a task a replica); None: one after
+            another in this process. Lockstep runs always run here (one loop drives every
+            replica). The result is the same on every executor.
 
     Returns:
         The merged result: records of every row (trace order) with a ``replica`` column,
@@ -72,31 +128,30 @@ def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
         ``fleet`` attribute is the :class:`FleetRun`. Raises
         :class:`~prefixshield.simulator.engine.EngineError` as a replica's engine does.
     """
-    policies = [make_policy() for _ in range(fleet.replicas)]
     # only PrefixShield keeps buckets; under any other policy the fleet ledger changes nothing
-    shared = fleet.ledger == "fleet" and isinstance(policies[0], PrefixShieldPolicy)
+    shared = fleet.ledger == "fleet" and isinstance(make_policy(), PrefixShieldPolicy)
     mode = fleet.resolved_mode(shares_ledger=shared)
     hashes, offsets, info = trace_hashes(trace, config)
     router = make_router(fleet.router, fleet.replicas, info, trace.seed)
     ledger = None
     if mode == "split":
         assignment = router.assign_all(len(trace))
-        results = []
-        for r in range(fleet.replicas):
-            rows = np.flatnonzero(assignment == r)
-            eng = Engine(sub_trace(trace, rows), policies[r], cost, config,
-                         contracts=contracts)
-            results.append(eng.run())
+        # a plain dict: a read-only mapping (DEFAULT_CONTRACTS) does not pickle
+        table = dict(contracts)
+        tenants = tenants_of(trace)
+        tasks = [ReplicaTask(r, sub_trace(trace, np.flatnonzero(assignment == r), tenants),
+                             make_policy, cost, config, table) for r in range(fleet.replicas)]
+        results = _run_split(tasks, executor)
     else:
-        reps = [LockstepReplica(trace, p, cost, config, contracts=contracts) for p in policies]
+        policies = [make_policy() for _ in range(fleet.replicas)]
+        first = LockstepReplica(trace, policies[0], cost, config, contracts=contracts)
+        # the others take the first's per-request arrays (each row is served by one replica)
+        reps = [first] + [LockstepReplica(trace, p, cost, config, contracts=contracts,
+                                          shared=first.shared) for p in policies[1:]]
         # linked after the engines bind the tenants (binding resets the buckets)
         ledger = FleetLedger(policies, fleet.ledger_staleness_s) if shared else None
         assignment = run_lockstep(reps, router, reps[0].arrival_s, ledger)
-        results = []
-        for rep in reps:
-            res = rep._result()
-            res.records = res.records.iloc[rep.rows].reset_index(drop=True)
-            results.append(res)
+        results = [rep._result() for rep in reps]  # records: the replica's rows
     merged = merge(results, assignment)
     merged.fleet = FleetRun(fleet, mode, assignment, results, hashes, offsets,
                             config.block_size, ledger)
@@ -104,13 +159,18 @@ def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
 
 
 def _sum_series(ts: list[np.ndarray], vs: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """The sum of step functions (value ``v[k]`` from ``t[k]`` on), at the union of times."""
-    times = np.unique(np.concatenate(ts))
-    total = np.zeros((times.shape[0], vs[0].shape[1]), dtype=np.int64)
-    for t, v in zip(ts, vs):
-        idx = np.searchsorted(t, times, side="right") - 1
-        total += np.where((idx >= 0)[:, None], v[np.maximum(idx, 0)], 0)
-    return times, total
+    """The sum of step functions (value ``v[k]`` from ``t[k]`` on, 0 before ``t[0]``), at the
+    union of times (sorted, each once), in int64."""
+    # each series as its changes (v[k] - v[k-1] at t[k]); their running sum in time order is
+    # the total, read at the last change of each instant: exact integers, and one sort of
+    # every change instead of a pass over the union per replica
+    t = np.concatenate(ts)
+    d = np.concatenate([np.diff(v.astype(np.int64), axis=0,
+                                prepend=np.zeros((1, v.shape[1]), np.int64)) for v in vs])
+    order = np.argsort(t, kind="stable")
+    t, total = t[order], np.cumsum(d[order], axis=0)
+    last = np.flatnonzero(np.append(t[1:] != t[:-1], True))
+    return t[last], total[last]
 
 
 def merge(results: list[RunResult], assignment: np.ndarray) -> RunResult:

@@ -241,6 +241,12 @@ class BlockPool:
         n = _find_hits(self._map_keys, self._map_vals, block_hashes, max_blocks, self._scratch)
         return self._scratch[:n].copy()
 
+    def cached_prefix_length(self, block_hashes: np.ndarray, max_blocks: int) -> int:
+        """How many blocks :meth:`find_cached_prefix` would return (no copy, no side effect):
+        what a router reads for every replica at every arrival."""
+        return int(_find_hits(self._map_keys, self._map_vals, block_hashes, max_blocks,
+                              self._scratch))
+
     def touch(self, blocks: np.ndarray, group: int, contract: int, prefix_id: int,
               now: float, root=None) -> None:
         """Reuse cached ``blocks`` for a request (``root``: the content key of its first full

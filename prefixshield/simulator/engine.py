@@ -312,10 +312,28 @@ class Engine:
             raise EngineError(f"trace names contract {unknown[0]!r}, which is not configured; "
                               f"known: {', '.join(sorted(contracts))}")
         self._contract_table = [contracts[c] for c in self.contracts]
+        # Per-request results, by row: every row is written by the one engine that serves it
+        # (fleet replicas over one trace share these, see prefixshield.fleet.replica).
+        init_request_arrays(self, n)
+        # Batched step: per-request counters by request id (prompt, output length known up
+        # front), the running order as request ids, and per-position scratch of one step.
+        self._state = np.zeros((n, bk.NUM_FIELDS), dtype=np.int64)
+        self._state[:, bk.PROMPT] = self.prompt_tokens
+        self._state[:, bk.OUTPUT_TOTAL] = self.output_tokens
+        self._state[:, bk.ADMISSION] = -1
+        if batched:
+            self._total_tokens = self.prompt_tokens + self.output_tokens
+        self._new_run_state(policy)
+
+    def _new_run_state(self, policy: Policy) -> None:
+        """What one engine's run owns and nothing else reads: the pool under ``policy`` (bound
+        to the trace's tenants), the SimPy environment, the queues, the logs and counters, one
+        step's scratch, the token chunks. Everything built before it in :meth:`__init__` is
+        per request (read-only, or written only at the rows this engine serves)."""
+        config, n = self.config, len(self.arrival_s)
         policy.bind_tenants(self.groups, self._contract_table)
         self.pool = BlockPool(config.num_blocks, policy, len(self.groups))
         self.kv = KVCacheManager(self.pool, config.block_size)
-        init_request_arrays(self, n)
         self.env = simpy.Environment()
         # Requests wait as their row index and become Sequences (token ids, block hashes) when
         # they first reach the head (see _waiting_head): an overloaded engine's queue holds an
@@ -332,21 +350,14 @@ class Engine:
         self.num_events = 0
         # windows of hashes and tables the fused loop took (1: the whole trace at once)
         self.num_windows = 0
-        # Batched step: per-request counters by request id (prompt, output length known up
-        # front), the running order as request ids, and per-position scratch of one step.
-        self._state = np.zeros((n, bk.NUM_FIELDS), dtype=np.int64)
-        self._state[:, bk.PROMPT] = self.prompt_tokens
-        self._state[:, bk.OUTPUT_TOTAL] = self.output_tokens
-        self._state[:, bk.ADMISSION] = -1
         cap = min(config.max_num_seqs, n) + 1
         self._run_ids = np.zeros(cap, dtype=np.int64)
         self._num_new = np.zeros(cap, dtype=np.int64)
         self._needs_pool = np.zeros((cap, 3), dtype=np.int64)
         self._finished = np.zeros(cap, dtype=np.int64)
-        if batched:
+        if self.batched:
             # Token ids and block hashes are built for a chunk of arrivals per kernel call
             # (batch.build_sequences) instead of a handful of calls per request.
-            self._total_tokens = self.prompt_tokens + self.output_tokens
             self._head_chunks = _Chunks(self)
             # the arrivals' lookups build their own chunks: heads lag arrivals by the queue
             self._arrival_chunks = _Chunks(self)

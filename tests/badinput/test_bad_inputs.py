@@ -278,6 +278,18 @@ CASES = [
     ("attack-search batched tokens 0", [
         "attack-search", "-p", "lru", "--trials", "1", "--set", "max_num_batched_tokens=0",
         "--out", "{tmp}/n12"], "--set max_num_batched_tokens: must be an integer >= 1"),
+    # --- the fleet ledger as sweep fields
+    ("sweep ledger unknown", ["sweep", "one_touch", "--set", "replicas=2", "--grid",
+                              "ledger=replica,shared", "--out", "{tmp}/n13"],
+     "--grid ledger: must be one of replica, fleet"),
+    ("sweep ledger staleness -1", ["sweep", "one_touch", "--set", "replicas=2", "--set",
+                                   "ledger=fleet", "--grid", "ledger_staleness_s=0,-1",
+                                   "--out", "{tmp}/n14"], "ledger_staleness_s: must be"),
+    ("sweep staleness, replica ledger", ["sweep", "one_touch", "--set", "replicas=2", "--set",
+                                         "ledger_staleness_s=1", "--out", "{tmp}/n15"],
+     "a ledger staleness needs the fleet ledger"),
+    ("sweep ledger without replicas", ["sweep", "one_touch", "--set", "ledger=fleet",
+                                       "--out", "{tmp}/n16"], "need replicas"),
 ]
 NO_STORE = {c[0] for c in CASES[CASES.index(next(c for c in CASES
                                                  if c[0] == "spec policy param 0")):]}

@@ -55,6 +55,11 @@ def test_bench_quick_runs_every_section_and_writes_finite_numbers(tmp_path, monk
                                                     "long run, streamed"}
     for long_run in [r for r in traces["rows"] if r["part"] == "long run, streamed"]:
         assert long_run["peak_rss_mib"] > 0 and long_run["size"] > 0, long_run["detail"]
+    fleet = report["sections"]["fleet"]
+    assert [r["part"] for r in fleet["rows"]] == ["single engine", "split round_robin",
+                                                  "split round_robin, process",
+                                                  "lockstep least_loaded"]
+    assert all(r["us_per_request"] > 0 for r in fleet["rows"]), fleet["rows"]
 
 
 def test_bench_rejects_an_unknown_section():

@@ -224,3 +224,48 @@ def test_split_refuses_a_router_that_reads_state():
         FleetConfig(0)
     with pytest.raises(ValueError, match="unknown router"):
         FleetConfig(2, RouterConfig("nope"))
+
+
+def test_lockstep_replicas_share_per_request_arrays_and_own_their_run_state(monkeypatch):
+    made = _count_deferred(monkeypatch)
+    _fleet("one_touch", "lru", FleetConfig(3, RouterConfig("least_loaded")))
+    first, *others = made
+    for rep in others:
+        # read from the trace, or written only at the rows routed to one replica
+        for name in ("arrival_s", "prompt_tokens", "_seg_ids_flat", "first_token_s",
+                     "cached_tokens", "_state"):
+            assert getattr(rep, name) is getattr(first, name)
+        assert rep._head_chunks is first._arrival_chunks  # tokens and hashes built once
+        for name in ("pool", "kv", "env", "scheduler", "waiting", "running", "_occ",
+                     "_run_ids"):
+            assert getattr(rep, name) is not getattr(first, name)
+
+
+def test_fleet_series_are_the_sum_of_the_replicas_step_functions():
+    from prefixshield.fleet.run import _sum_series
+
+    # replica 0: 2 from 0 s, 5 from 1 s (set twice at 1 s: the later value holds); replica 1:
+    # nothing before 0.5 s, then 3, 1 from 2 s
+    t, v = _sum_series([np.array([0.0, 1.0, 1.0]), np.array([0.5, 2.0])],
+                       [np.array([[2], [4], [5]]), np.array([[3], [1]])])
+    assert t.tolist() == [0.0, 0.5, 1.0, 2.0]
+    assert v[:, 0].tolist() == [2, 5, 8, 6] and v.dtype == np.int64
+
+
+@pytest.mark.parametrize("scheduler", ["fcfs", "vtc"])
+def test_a_replica_counts_the_requests_its_scheduler_holds(monkeypatch, scheduler):
+    # waiting requests sit in Engine.waiting under FCFS, in the scheduler's queue under VTC:
+    # the count the routers read is every request routed here and not finished, either way
+    reads = []
+    count = LockstepReplica.num_requests
+
+    def spy(self):
+        reads.append((count(self), len(self.scheduler), len(self.waiting) + len(self._fed)
+                      + len(self.running)))
+        return reads[-1][0]
+
+    monkeypatch.setattr(LockstepReplica, "num_requests", spy)
+    _fleet("sharegpt", "lru", FleetConfig(2, RouterConfig("least_loaded")), scheduler,
+           alpha=3.0)
+    assert all(got == queued + rest for got, queued, rest in reads)
+    assert max(got for got, _, _ in reads) > 2  # requests did wait

@@ -20,6 +20,9 @@ from prefixshield.cli import main
      "is read by --router prefix_affinity"),
     (["--router", "session"], "needs --replicas"),
     (["--replicas", "2", "--router", "kv_aware", "--fleet-mode", "split"], "lockstep mode only"),
+    (["--executor", "process"], "needs --replicas"),
+    (["--replicas", "2", "--router", "kv_aware", "--workers", "2"], "runs in lockstep"),
+    (["--replicas", "2", "--address", "x:1"], "needs --executor ray"),
 ])
 @pytest.mark.parametrize("command", ["run", "compare"])
 def test_bad_fleet_options_are_one_line_errors(command, args, needle):

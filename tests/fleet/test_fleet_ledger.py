@@ -145,3 +145,28 @@ def test_run_with_a_fleet_ledger(tmp_path):
     assert "router round_robin (lockstep, fleet ledger (staleness 1 s))" in res.output
     summary = (out / "prefixshield" / "fleet" / "summary.csv").read_text()
     assert "ledger" in summary and "fleet" in summary
+
+
+def test_ledger_fields_of_an_experiment_point():
+    from prefixshield.experiments.cells import run_spec, task_key
+    from prefixshield.experiments.spec import SpecError, type_field
+
+    assert type_field("one_touch", "ledger", "fleet") == "fleet"
+    assert type_field("one_touch", "ledger_staleness_s", "0.5") == 0.5
+    for key, text, msg in (("ledger", "shared", "must be one of"),
+                           ("ledger_staleness_s", "nan", "finite"),
+                           ("ledger_staleness_s", "-1", "must be a number of seconds")):
+        with pytest.raises(SpecError, match=f"{key}: .*{msg}"):
+            type_field("one_touch", key, text, "--grid")
+    fleet = {"replicas": 4, "ledger": "fleet", "ledger_staleness_s": 1.0}
+    spec = run_spec("one_touch", fleet, 0, ("prefixshield",))
+    assert (spec.fleet.ledger, spec.fleet.ledger_staleness_s) == ("fleet", 1.0)
+    assert "ledger" not in spec.overrides and "ledger_staleness_s" not in spec.overrides
+    with pytest.raises(SpecError, match="needs the fleet ledger"):
+        run_spec("one_touch", {"replicas": 4, "ledger_staleness_s": 1.0}, 0, ("lru",))
+    # part of a task's identity; the default ledger spelled out keeps the key it had
+    keys = {task_key("simulate", "one_touch", s, 0)
+            for s in ({"replicas": 4}, {"replicas": 4, "ledger": "fleet"}, fleet)}
+    assert len(keys) == 3
+    assert task_key("simulate", "one_touch", {"replicas": 4, "ledger": "replica"}, 0) \
+        == task_key("simulate", "one_touch", {"replicas": 4}, 0)
