@@ -15,6 +15,7 @@ from prefixshield.experiments.executors import make_executor
 from prefixshield.experiments.runner import run_store
 from prefixshield.experiments.spec import Experiment, parse_grid_option
 from prefixshield.experiments.store import ResultsStore
+from tests.fleet.test_fleet_executors import _same_fleet, _split_run
 
 MEASURED = ["wall_s"]
 """The only measured (non-simulated) column of a simulate cell."""
@@ -89,9 +90,12 @@ def test_executors_give_bit_identical_cells(reference_store, tmp_path, executor)
     ex = make_executor(executor, workers=2)
     try:
         run_store(store, ex)
+        # a split fleet's replicas on the same executor (one Ray start-up serves both)
+        fleet = _split_run(ex)
     finally:
         ex.close()
     pd.testing.assert_frame_equal(cells_of(tmp_path / executor), cells_of(reference_store))
+    _same_fleet(fleet, _split_run(make_executor("inprocess")))
 
 
 def test_a_sweep_killed_part_way_resumes_and_ends_identical(reference_store, tmp_path):
