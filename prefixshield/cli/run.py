@@ -78,7 +78,8 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
     """
     with _loading():
         from prefixshield.experiments.single import (RunSpec, build_trace, check_out_dir,
-                                                     run_policies, write_outputs)
+                                                     is_trace_file, run_policies,
+                                                     write_outputs)
         from prefixshield.simulator.config import EngineConfig
         from prefixshield.simulator.costmodel import load_profile
 
@@ -86,7 +87,8 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
 
     typed = _workload_overrides(workload, overrides)
     if out_dir:
-        check_out_dir(out_dir)  # before minutes of simulation, not after
+        # before minutes of simulation, not after
+        check_out_dir(out_dir, inputs=[workload] if is_trace_file(workload) else [])
     engine = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                           max_num_batched_tokens=max_num_batched_tokens, vllm_compat=vllm_compat,
                           check_invariants=check_invariants, scheduler=scheduler)

@@ -16,7 +16,7 @@ import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -355,11 +355,16 @@ def _jsonable(x: Any) -> Any:
     raise TypeError(f"not JSON-serializable: {type(x).__name__}")
 
 
-def check_out_dir(out_dir: str | Path) -> Path:
+def check_out_dir(out_dir: str | Path, inputs: Sequence[str | Path] = ()) -> Path:
     """Check ``--out`` before simulating: it must be new, empty, or a results folder of an
     earlier ``run`` (``config.json`` and ``summary.csv`` inside, which a new run replaces
-    whole), and its parent writable. Raises ValueError naming the folder."""
+    whole), and its parent writable; no file of ``inputs`` (the run's trace file) may lie
+    inside it, since the run replaces the folder whole. Raises ValueError naming the folder."""
     out = Path(out_dir)
+    for path in inputs:
+        if Path(path).resolve().is_relative_to(out.resolve()):
+            raise ValueError(f"--out {out}: holds the input {path}, and a run replaces its "
+                             "folder whole; choose another folder (or move the trace)")
     if out.is_symlink():  # the folder swap would replace the link, not what it points at
         raise ValueError(f"--out {out}: is a symbolic link; give the folder itself")
     if out.exists() and not out.is_dir():

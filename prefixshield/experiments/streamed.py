@@ -45,18 +45,35 @@ def build_stream(spec: RunSpec) -> tuple[TraceStream, dict]:
     if spec.scale_to_load is not None:
         raise ValueError("--stream: --scale-to-engine rescales a whole trace in memory; "
                          "rescale the file first")
-    if not spec.engine.scheduler.is_default:
+    sched = spec.engine.scheduler
+    if not sched.is_default:
+        got = (f"scheduler {sched.name}" if sched.name != "fcfs"
+               else "per-tenant limits (--tenant-limit)")
         raise ValueError(f"--stream takes the fused loop: scheduler fcfs without per-tenant "
-                         f"limits, got {spec.engine.scheduler.name}")
+                         f"limits, got {got}")
     if is_trace_file(spec.workload):
         from prefixshield.traces.io import stream_trace
 
-        return stream_trace(spec.workload), {"trace_file": str(spec.workload),
-                                             "streamed": True}
-    from prefixshield.workloads.attack import stream_attack
+        stream, info = stream_trace(spec.workload), {"trace_file": str(spec.workload),
+                                                     "streamed": True}
+    else:
+        from prefixshield.workloads.attack import stream_attack
 
-    params, info = resolve_params(spec)
-    return stream_attack(spec.workload, params), {**info, "streamed": True}
+        params, info = resolve_params(spec)
+        stream, info = stream_attack(spec.workload, params), {**info, "streamed": True}
+    # as build_trace refuses it, before anything is written (one chunk read)
+    if next(stream.rows(), None) is None:
+        raise ValueError(f"{spec.workload}: the trace has no requests; nothing to simulate")
+    return stream, info
+
+
+def _any_measured(records: Path) -> bool:
+    """Whether a streamed run's records file holds a measured request (one column, a row
+    group at a time)."""
+    import pyarrow.parquet as pq
+
+    batches = pq.ParquetFile(records).iter_batches(columns=["measured"])
+    return any(b.column(0).to_numpy(zero_copy_only=False).any() for b in batches)
 
 
 def run_streamed_outputs(out_dir: str | Path, spec: RunSpec, stream: TraceStream, info: dict,
@@ -82,6 +99,11 @@ def run_streamed_outputs(out_dir: str | Path, spec: RunSpec, stream: TraceStream
                 shutil.rmtree(folder, ignore_errors=True)
                 failures[label] = str(e)
                 continue
+            if not results and not _any_measured(result.files["records"]):
+                # build_trace's refusal, known once the whole stream has gone by; the staged
+                # folder is dropped and --out left as it was
+                raise ValueError(f"{spec.workload}: no request of the trace is measured (all "
+                                 "warm-up); no hit ratio or TTFT could be judged")
             put_run_tables(lambda n, text: write_text(stage / n, text), label_dir(label),
                            result)
             results[label] = result
