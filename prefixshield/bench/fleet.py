@@ -144,14 +144,15 @@ def _row(part: str, replicas: int, m: dict, single_us: float | None) -> dict:
                 "peak_rss_mib": None, "detail": m["error"]}
     n, mib = m["requests"], 1 << 20
     us = m["run_s"] / n * 1e6
-    detail = f"trace built in {m['build_s']:.1f} s (untimed)"
     peak = None
     if m["peak_after_run"]:
         peak = m["peak_after_run"] / mib
-        detail += (f"; peak RSS {m['peak_start'] / mib:,.0f} MiB at start, "
-                   f"{m['peak_after_build'] / mib:,.0f} MiB after the build")
+        detail = (f"trace built in {m['build_s']:.1f} s (untimed); peak RSS "
+                  f"{m['peak_start'] / mib:,.0f} MiB at start, "
+                  f"{m['peak_after_build'] / mib:,.0f} MiB after the build")
     else:
-        detail += "; in-process under --quick: peak RSS not measured"
+        # --quick: the rows share this process (and its trace): no build time or peak apart
+        detail = "in-process under --quick: peak RSS not measured"
     if m.get("worker_peak"):
         detail += f"; largest worker's peak RSS {m['worker_peak'] / mib:,.0f} MiB"
     return {"part": part, "size": n, "replicas": replicas, "wall_s": m["run_s"],
