@@ -13,8 +13,8 @@ import sys
 import click
 from rich.table import Table
 
-from prefixshield.cli.common import (ALPHA, WORKERS, _policy_names, _user_errors, console,
-                                     count)
+from prefixshield.cli.common import (ALPHA, WORKERS, _policy_names, _refuse_option_keys,
+                                     _user_errors, console, count)
 from prefixshield.edges import MAX_SEEDS, MAX_TRIALS
 from prefixshield.fleet.config import MAX_REPLICAS
 
@@ -80,10 +80,14 @@ def _scheduler_fields(scheduler: str, tenant_limits: tuple[str, ...]) -> dict:
 
 def _base_fields(num_blocks, vllm_compat, profile, alpha, fixed) -> dict:
     """The fixed fields of every run: engine, profile, load, and ``--set`` fields, each checked
-    against every workload the search runs (the victim must be the same in all of them)."""
+    against every workload the search runs (the victim must be the same in all of them). A
+    ``--set`` key that an option of the command sets (``blocks``, ``replicas``, ``router``,
+    ``router_key``, ``scheduler``, ``tenant_max_*``, ...) is a ``click.BadParameter`` naming
+    that option, as in ``run``: no rule decides which of the two wins."""
     from prefixshield.experiments.attack_search import FIXED_ATTACKS, WORKLOAD
     from prefixshield.experiments.spec import parse_set_option, type_field
 
+    _refuse_option_keys(fixed)
     base = {"blocks": num_blocks, "compat": vllm_compat, "alpha": alpha,
             "profile": type_field(WORKLOAD, "profile", profile, "--profile")}
     space = _space_names()

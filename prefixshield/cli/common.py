@@ -112,16 +112,20 @@ def _workload_overrides(workload: str, overrides: tuple[str, ...]) -> dict:
     return parse_overrides(WORKLOADS[workload].params_type, overrides)
 
 
-_OPTION_ALIASES = {"num_blocks": "blocks", "seed": "seeds"}
+_OPTION_ALIASES = {"num_blocks": "blocks", "seed": "seeds",
+                   "tenant_max_running": "tenant_limit", "tenant_max_blocks": "tenant_limit",
+                   "tenant_max_output_tokens": "tenant_limit"}
 """``--set`` keys that name an option by its field name rather than its option name (``seed``:
-the paired commands set seeds with ``--seeds``)."""
+the paired commands set seeds with ``--seeds``; ``tenant_max_*``: ``--tenant-limit``)."""
 
 
 def _refuse_option_keys(overrides: tuple[str, ...]) -> None:
     """Refuse a ``--set KEY`` that one of the running command's own options sets (``seed``,
-    ``blocks``/``num_blocks``, ``block_size``, ``alpha``, and any option added later): the
-    trace would be built for another setup than the header, the engine and ``config.json``
-    record. Driven by the command's declared click options, not by a list."""
+    ``blocks``/``num_blocks``, ``block_size``, ``alpha``, ``tenant_max_*``; in attack-search
+    also ``replicas``, ``router``, ``router_key``, ``scheduler``; and any option added later):
+    the trace would be built for another setup than the header, the engine and ``config.json``
+    record. Driven by the command's declared click options (and :data:`_OPTION_ALIASES`), not
+    by a list; the ``click.BadParameter`` names the option and its metavar."""
     ctx = click.get_current_context(silent=True)
     if ctx is None:
         return
@@ -129,16 +133,16 @@ def _refuse_option_keys(overrides: tuple[str, ...]) -> None:
     for p in ctx.command.params:
         if isinstance(p, click.Option):
             for opt in p.opts:
-                options[opt.lstrip("-").replace("-", "_")] = opt
+                options[opt.lstrip("-").replace("-", "_")] = (opt, p.metavar)
             if p.name:
-                options.setdefault(p.name, p.opts[0])
+                options.setdefault(p.name, (p.opts[0], p.metavar))
     options.pop("set", None)
     for item in overrides:
         key = item.partition("=")[0].strip()
-        opt = options.get(key) or options.get(_OPTION_ALIASES.get(key, ""))
+        opt, metavar = options.get(key) or options.get(_OPTION_ALIASES.get(key, ""), (None, None))
         if opt:
-            raise click.BadParameter(f"{key} is set by {opt}, not --set (use {opt} VALUE)",
-                                     param_hint="--set")
+            raise click.BadParameter(f"{key} is set by {opt}, not --set (use {opt} "
+                                     f"{metavar or 'VALUE'})", param_hint="--set")
 
 
 def _workload_names() -> str:
@@ -364,7 +368,8 @@ def _fleet_options(fn):
 def _fleet_executor_spec(fleet, executor, workers, address):
     """``(executor, workers, address)`` when a split fleet's replicas run on an executor other
     than this process, else None; an executor option without a split fleet (nothing it could
-    run) is a ``click.BadParameter``."""
+    run), or ``--workers`` with ``--executor inprocess`` (no pool to size), is a
+    ``click.BadParameter``."""
     given = [k for k, v in (("--workers", workers), ("--address", address)) if v is not None]
     if executor != "inprocess":
         given.insert(0, "--executor")
@@ -377,6 +382,10 @@ def _fleet_executor_spec(fleet, executor, workers, address):
                                  "(one loop drives every replica)", param_hint=given[0])
     if address is not None and executor != "ray":
         raise click.BadParameter("needs --executor ray", param_hint="--address")
+    if workers is not None and executor == "inprocess":
+        raise click.BadParameter("needs --executor process or ray (inprocess runs the "
+                                 "replicas in this process, with no workers)",
+                                 param_hint="--workers")
     return (executor, workers, address) if executor != "inprocess" else None
 
 

@@ -51,7 +51,7 @@ import pandas as pd
 from prefixshield.experiments.attack_space import (describe, known_points, space_for,
                                                    spend_rate, suggest, to_optuna_params,
                                                    workload_fields)
-from prefixshield.experiments.spec import Experiment, SpecError, jsonable
+from prefixshield.experiments.spec import Experiment, SpecError, fleet_of, jsonable
 from prefixshield.experiments.store import ResultsStore
 
 FIXED_ATTACKS = ("one_touch", "low_and_slow", "two_pass_replay")
@@ -146,6 +146,10 @@ class SearchConfig:
         if sched not in SCHEDULERS:
             raise SpecError(f"attack-search: unknown scheduler {sched!r}; known: "
                             f"{', '.join(SCHEDULERS)}")
+        try:
+            fleet_of(self.base)  # e.g. a router_key its router does not read
+        except SpecError as e:
+            raise SpecError(f"attack-search: {e}") from None
 
     @property
     def units(self) -> tuple[str, ...]:

@@ -80,18 +80,21 @@ def fleet_of(settings: Mapping[str, Any]):
     """The :class:`~prefixshield.fleet.config.FleetConfig` of a point's ``FLEET_KEYS`` (None
     without ``replicas``); ``router`` defaults to ``round_robin``, ``router_key`` to
     ``prefix``, ``ledger`` to ``replica``, ``ledger_staleness_s`` to 0 s. Raises
-    :class:`SpecError` for a fleet field without ``replicas``, or a staleness without the
-    fleet ledger."""
+    :class:`SpecError` for a fleet field without ``replicas``, a ``router_key`` with a router
+    other than ``session`` (the only one that reads it, as ``--router-key``), or a staleness
+    without the fleet ledger."""
     if "replicas" not in settings:
         if any(k in settings for k in FLEET_KEYS):
             raise SpecError("router, router_key, ledger and ledger_staleness_s need replicas "
                             "(a fleet)")
         return None
+    router = settings.get("router", "round_robin")
+    if "router_key" in settings and router != "session":
+        raise SpecError(f"router_key is read by router session, not {router}")
     from prefixshield.fleet.config import FleetConfig
     from prefixshield.fleet.routers.base import RouterConfig
 
-    rc = RouterConfig(name=settings.get("router", "round_robin"),
-                      session_key=settings.get("router_key", "prefix"))
+    rc = RouterConfig(name=router, session_key=settings.get("router_key", "prefix"))
     try:
         return FleetConfig(replicas=int(settings["replicas"]), router=rc,
                            ledger=settings.get("ledger", "replica"),
@@ -227,7 +230,8 @@ class Experiment:
                     resolve_contracts(point.settings)
                     fleet_of(point.settings)  # a bad fleet before any cell runs
                 except SpecError as e:
-                    raise SpecError(f"experiment {self.name}: {e}") from None
+                    at = f", point {point.label()}" if self.grid else ""
+                    raise SpecError(f"experiment {self.name}{at}: {e}") from None
 
     @property
     def baseline_policy(self) -> str:

@@ -49,6 +49,9 @@ default, which is :class:`~prefixshield.fleet.routers.base.RouterConfig`'s too (
 MAX_AIM_REPLICAS = 1024
 """Largest fleet an aim may assume (the fleet's own limit)."""
 
+DEFAULT_AIM_REPLICAS = 8
+"""``aim_replicas``' default: the only value taken with an aim other than ``session``."""
+
 
 @dataclass(frozen=True)
 class OneTouchParams(AttackParams):
@@ -69,7 +72,8 @@ class OneTouchParams(AttackParams):
             hot prefix ids, e.g. learned by timing probes: a strong attacker). Its requests
             then cycle over those replicas. Routers that do not hash the prefix id do not
             read the choice: under them an aimed attacker is an unaimed one.
-        aim_replicas: the fleet size the ``session`` aim assumes (1..1024).
+        aim_replicas: the fleet size the ``session`` aim assumes (1..1024; other aims take
+            only the default, 8).
         aim_blocks: ``prefix``: the victim's leading blocks before each attacker prompt
             (1..the victim's prefix blocks; None: the fewest with which every attacker prompt
             reaches :data:`PREFIX_AIM_MATCH_RATIO`, see :meth:`lead_blocks`).
@@ -77,7 +81,7 @@ class OneTouchParams(AttackParams):
 
     duration_s: float = 17.0
     aim: str = "none"
-    aim_replicas: int = 8
+    aim_replicas: int = DEFAULT_AIM_REPLICAS
     aim_blocks: int | None = None
 
     def __post_init__(self) -> None:
@@ -111,20 +115,30 @@ def lead_blocks_for(p, attacker_prefix_tokens: int) -> int:
 
 def check_aim(p) -> None:
     """Validate the aim fields of ``p`` (``aim``, ``aim_replicas``, ``aim_blocks``; any attack
-    params with them and a ``lead_blocks()``); raises ValueError naming the field."""
+    params with them and a ``lead_blocks()``); raises ValueError naming the field. A field the
+    aim does not read is refused: ``aim_blocks`` unless ``aim=prefix``, ``aim_replicas`` other
+    than its default :data:`DEFAULT_AIM_REPLICAS` unless ``aim=session`` (the default is what
+    every trace's meta records). ``aim=prefix`` needs a victim prefix of one block or more."""
     check(p.aim in AIMS, f"aim must be one of {', '.join(AIMS)}, got {p.aim!r}")
     check(1 <= p.aim_replicas <= MAX_AIM_REPLICAS,
           f"aim_replicas must be in [1, {MAX_AIM_REPLICAS}], got {p.aim_replicas}")
+    check(p.aim_replicas == DEFAULT_AIM_REPLICAS or p.aim == "session",
+          f"aim_replicas is read by aim=session only (aim is {p.aim!r})")
+    check(p.aim_blocks is None or p.aim == "prefix",
+          f"aim_blocks is read by aim=prefix only (aim is {p.aim!r})")
+    if p.aim != "prefix":
+        return
+    check(p.prefix_blocks >= 1,
+          f"aim=prefix: the victim's {p.prefix_tokens}-token prefix is shorter than one "
+          f"{p.block_size}-token block, so it has no leading block to copy; set prefix_tokens "
+          f">= {p.block_size}")
     check(p.aim_blocks is None or 1 <= p.aim_blocks <= p.prefix_blocks,
           f"aim_blocks must be in [1, {p.prefix_blocks}] (the victim's prefix blocks), "
           f"got {p.aim_blocks}")
-    check(p.aim_blocks is None or p.aim == "prefix",
-          f"aim_blocks is read by aim=prefix only (aim is {p.aim!r})")
-    if p.aim == "prefix":
-        check(p.lead_blocks() <= p.prefix_blocks,
-              f"aim=prefix: a {PREFIX_AIM_MATCH_RATIO:.0%} match needs {p.lead_blocks()} "
-              f"leading blocks, more than the victim's {p.prefix_blocks}-block prefix; set "
-              f"aim_blocks")
+    check(p.lead_blocks() <= p.prefix_blocks,
+          f"aim=prefix: a {PREFIX_AIM_MATCH_RATIO:.0%} match needs {p.lead_blocks()} "
+          f"leading blocks, more than the victim's {p.prefix_blocks}-block prefix; set "
+          f"aim_blocks")
 
 
 def session_aim(p, n: int) -> Aim:
