@@ -64,8 +64,10 @@ install-vllm010: $(VENV010)/.vllm
 demo: $(VENV)/.core
 	$(BIN)/prefixshield run one_touch --policy all --out $(DEMO_OUT)
 
+# PREFIXSHIELD_WARM_KERNELS: a low-priority child compiles the numba kernels on the second core
+# while the suite runs on the first (tests/conftest.py)
 test: $(VENV)/.vllm $(VENV010)/.vllm
-	$(BIN)/python -m pytest -q
+	PREFIXSHIELD_WARM_KERNELS=1 $(BIN)/python -m pytest -q
 
 # The vLLM 0.10.2 differential test alone, in its venv (`make test` runs it through the main suite).
 test-vllm010: $(VENV010)/.vllm
