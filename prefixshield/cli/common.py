@@ -162,15 +162,20 @@ class _Program(click.Group):
     objects out of the collector's reach first. Nothing is written later: atexit handlers
     (Ray's, multiprocessing's, logging's, ``weakref.finalize``) all still run, standard streams
     are still flushed, and memory goes back to the OS with the process; only ``__del__`` of
-    objects left in reference cycles is skipped, which Python never promised at exit.
+    objects left in reference cycles is skipped, which Python never promised at exit. It also
+    arms :mod:`prefixshield.exitcode`: the process ends before the C++ teardown that once
+    aborted a finished sweep.
     """
 
     running = False
     """Set once the program runs: :func:`_loading` pauses the collector only then."""
 
     def __call__(self, *args, **kwargs):
+        from prefixshield import exitcode
+
         atexit.register(gc.freeze)
         _Program.running = True
+        exitcode.armed = True   # the process ends before the C++ teardown
         return super().__call__(*args, **kwargs)
 
 
