@@ -4,8 +4,9 @@ The scale section's cheap ``one_touch`` (:data:`~prefixshield.bench.scale.ENGINE
 at :data:`~prefixshield.bench.scale.ENGINE_BLOCKS` blocks: 128-token prefixes, one output
 token), lengthened to about :data:`REQUESTS` (10^6) requests (``--quick``: a measured phase
 of :data:`QUICK_DURATION_S`, about 1,600 requests), under LRU. Rows, each in a fresh child
-process (its own peak RSS, ``VmHWM``: :func:`~prefixshield.bench.common.peak_rss`), each building the same trace, loading its kernels
-on a small run first (untimed), then timing the run:
+process (its own peak RSS, ``VmHWM``: :func:`~prefixshield.bench.common.peak_rss`), each
+building the same trace, loading its kernels on a small run first (untimed), then timing the
+run:
 
 * ``single engine`` (the anchor): ``Engine.run`` on the whole trace (the fused loop);
 * ``split round_robin``: :data:`REPLICAS` (16) replicas of that engine, each running its

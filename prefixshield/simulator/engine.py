@@ -177,7 +177,6 @@ def init_request_arrays(target, n: int) -> None:
     target.block_s = np.zeros(n, dtype=np.float64)
 
 
-
 @dataclass
 class RunResult:
     """Everything one simulated run produced.
