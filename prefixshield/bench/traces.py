@@ -15,7 +15,8 @@
 2. *Long runs* (rows ``long run``): one child process per row generates a long trace of the
    same workload at load :data:`LONG_ALPHA` and simulates it under LRU, reporting its peak
    resident set size (the child's own ``VmHWM``, see
-   :func:`~prefixshield.bench.common.peak_rss`) at the start, after the build and after the run, and the wall times. Rows ``long run, streamed`` at
+   :func:`~prefixshield.bench.common.peak_rss`) at the start, after the build and after the
+   run, and the wall times. Rows ``long run, streamed`` at
    :data:`LONG_SIZES` (10^6 and 10^7 requests; ``--quick``: :data:`QUICK_LONG_SIZES`, and no
    unstreamed row): the trace generated a window of time at a time and run by
    :class:`~prefixshield.simulator.stream.StreamedRun` (records and series written to a
