@@ -129,7 +129,8 @@ def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
         :class:`~prefixshield.simulator.engine.EngineError` as a replica's engine does.
     """
     # only PrefixShield keeps buckets; under any other policy the fleet ledger changes nothing
-    shared = fleet.ledger == "fleet" and isinstance(make_policy(), PrefixShieldPolicy)
+    probe = make_policy()   # lockstep's first replica's policy (split tasks build their own)
+    shared = fleet.ledger == "fleet" and isinstance(probe, PrefixShieldPolicy)
     mode = fleet.resolved_mode(shares_ledger=shared)
     hashes, offsets, info = trace_hashes(trace, config)
     router = make_router(fleet.router, fleet.replicas, info, trace.seed)
@@ -143,7 +144,7 @@ def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
                              make_policy, cost, config, table) for r in range(fleet.replicas)]
         results = _run_split(tasks, executor)
     else:
-        policies = [make_policy() for _ in range(fleet.replicas)]
+        policies = [probe] + [make_policy() for _ in range(fleet.replicas - 1)]
         first = LockstepReplica(trace, policies[0], cost, config, contracts=contracts)
         # the others take the first's per-request arrays (each row is served by one replica)
         reps = [first] + [LockstepReplica(trace, p, cost, config, contracts=contracts,
