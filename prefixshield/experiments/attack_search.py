@@ -53,6 +53,7 @@ from prefixshield.experiments.attack_space import (describe, known_points, space
                                                    workload_fields)
 from prefixshield.experiments.spec import Experiment, SpecError, fleet_of, jsonable
 from prefixshield.experiments.store import ResultsStore
+from prefixshield.parquetfiles import read_frame
 
 FIXED_ATTACKS = ("one_touch", "low_and_slow", "two_pass_replay")
 OBJECTIVES = ("hit_ratio", "p95_ttft")
@@ -374,7 +375,7 @@ def cells_of(store: ResultsStore, exp: Experiment) -> pd.DataFrame:
         for seed in exp.seeds:
             path = store.cell_path(exp.name, "p000", label, seed)
             if path.exists():
-                frames.append(pd.read_parquet(path))
+                frames.append(read_frame(path))
     if not frames:
         return pd.DataFrame(columns=["policy", "seed", "status"])
     return pd.concat(frames, ignore_index=True)

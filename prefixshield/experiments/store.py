@@ -35,6 +35,7 @@ from prefixshield import __version__
 from prefixshield.atomic import write_text, write_with
 from prefixshield.edges import check_cells
 from prefixshield.experiments.spec import Experiment, SpecError, experiment_from_dict, spec_digest
+from prefixshield.parquetfiles import read_frame
 
 STORE_FILE = "store.json"
 CELLS = "cells"
@@ -281,7 +282,7 @@ class ResultsStore:
         """One cell's row, checked against its path: a file moved or copied under another
         name (another seed, point or policy) would be counted as a cell it is not."""
         try:
-            df = pd.read_parquet(p)
+            df = read_frame(p)
         except Exception as e:  # pyarrow raises its own types for a damaged file
             raise SpecError(f"{p}: not a readable cell: {e}") from None
         want = {"experiment": experiment, "point": point, "policy": label, "seed": seed}
@@ -301,7 +302,7 @@ class ResultsStore:
         p = self.cell_path(experiment, point, label, seed, "records.parquet")
         if not p.exists():
             raise FileNotFoundError(f"{p}: no records stored for this cell (run with --records)")
-        return pd.read_parquet(p)
+        return read_frame(p)
 
 
 def _lock(root: Path, digest: str | None) -> None:

@@ -58,6 +58,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from prefixshield.parquetfiles import read_frame
 from prefixshield.policies.base import Policy
 from prefixshield.simulator import batch as bk
 from prefixshield.simulator import fused as fz
@@ -362,17 +363,17 @@ class StreamedResult:
     def load(self) -> RunResult:
         """The whole run as a :class:`RunResult`, read back from the files (small runs:
         tests and comparisons; a long run's records do not fit in memory by design)."""
-        rec = pd.read_parquet(self.files["records"])
+        rec = read_frame(self.files["records"])
 
         def series(name: str) -> tuple[np.ndarray, np.ndarray]:
-            df = pd.read_parquet(self.files[name])
+            df = read_frame(self.files[name])
             g = len(self.groups)
             return (df["t_s"].to_numpy()[::g].copy() if g else np.empty(0),
                     df["blocks"].to_numpy().reshape(-1, g))
 
         occ_t, occ = series("occupancy")
         held_t, held = series("held")
-        cre = pd.read_parquet(self.files["creations"])
+        cre = read_frame(self.files["creations"])
         return RunResult(records=rec, groups=self.groups, occupancy_t=occ_t, occupancy=occ,
                          evictions=self.evictions, num_steps=self.num_steps,
                          num_events=self.num_events, policy_stats=self.policy_stats,
