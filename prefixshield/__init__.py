@@ -1,8 +1,5 @@
 """prefixshield: a vLLM-faithful prefix-cache simulator for multi-tenant replacement policies."""
 
-import atexit as _atexit
-
-from prefixshield import exitcode as _exitcode
 from prefixshield import kernelcache as _kernelcache
 
 __version__ = "0.1.0"
@@ -10,6 +7,3 @@ __version__ = "0.1.0"
 # before any kernel module is imported: numba picks a function's cache directory as it decorates
 # it, and its own staleness check cannot see edits of the modules a kernel inlines or calls
 _kernelcache.configure()
-
-# the program's exit without the C++ teardown (a no-op unless the program armed it)
-_atexit.register(_exitcode.finish)

@@ -7,7 +7,6 @@ The command modules (:mod:`.run`, :mod:`.trace`, :mod:`.live`, :mod:`.experiment
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import gc
@@ -154,17 +153,11 @@ def _workload_names() -> str:
 class _Program(click.Group):
     """The top-level group. Called as the program -- the console script and ``python -m
     prefixshield`` call ``main()``, :class:`click.testing.CliRunner` calls ``main.main()`` -- it
-    also makes the interpreter's exit cheap.
-
-    At exit CPython runs its collector over every live object several times while it tears the
-    modules down; with numba, llvmlite, pandas and scipy loaded that was 0.35-0.45 CPU-s of every
-    command, a third of ``prefixshield run``. ``gc.freeze()`` in an exit handler moves those
-    objects out of the collector's reach first. Nothing is written later: atexit handlers
-    (Ray's, multiprocessing's, logging's, ``weakref.finalize``) all still run, standard streams
-    are still flushed, and memory goes back to the OS with the process; only ``__del__`` of
-    objects left in reference cycles is skipped, which Python never promised at exit. It also
-    arms :mod:`prefixshield.exitcode`: the process ends before the C++ teardown that once
-    aborted a finished sweep.
+    runs the command and ends the process with the command's own status through
+    :func:`prefixshield.exitcode.leave`: threads joined, every ``atexit`` handler run and the
+    standard streams flushed, then ``os._exit`` before the interpreter's teardown, where a
+    native thread pool still finishing its work could abort a command that had succeeded (exit
+    134). Called as ``main.main()`` it returns, or raises, as any click group does.
     """
 
     running = False
@@ -173,10 +166,14 @@ class _Program(click.Group):
     def __call__(self, *args, **kwargs):
         from prefixshield import exitcode
 
-        atexit.register(gc.freeze)
         _Program.running = True
-        exitcode.armed = True   # the process ends before the C++ teardown
-        return super().__call__(*args, **kwargs)
+        try:
+            super().__call__(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 -- SystemExit is how click returns
+            status = exitcode.status_of(exc)
+        else:
+            status = 0
+        exitcode.leave(status)
 
 
 @contextlib.contextmanager
