@@ -2,13 +2,14 @@
 everything Python does at exit is done, and before the interpreter tears its modules down.
 
 A finished command used to abort now and then after its last line and its last file (SIGABRT,
-exit 134, "terminate called without an active exception"; 5 runs in 30 of a small sweep on a
-loaded machine). The core dumps show where: the main thread inside ``Py_FinalizeEx`` clearing
-modules, and an arrow worker thread finishing a Parquet read that ``read_table`` had already
-returned from. The worker dropped the last reference to the scan's ``FileSource``, whose
-``arrow::py::PyReadableFile`` (the Python file object pandas had opened and handed to pyarrow)
-takes the GIL in its destructor; a thread that asks for the GIL while the interpreter finalizes
-is ended by ``pthread_exit``, whose forced unwind through that ``noexcept`` destructor calls
+exit 134, "terminate called without an active exception"; 9 runs in 60 of a small sweep on a
+loaded machine). Every core dump showed the same two threads: the main thread in
+``Py_FinalizeEx`` clearing modules, and an arrow worker thread finishing a Parquet read that
+``read_table`` had already returned from. The worker dropped the last reference to something
+that holds a Python object -- the scan's ``arrow::py::PyReadableFile`` (the file object pandas
+had opened and handed to pyarrow) or a ``PyBuffer`` read from it -- whose destructor takes the
+GIL; a thread that asks for the GIL while the interpreter finalizes is ended by
+``pthread_exit``, whose forced unwind through that ``noexcept`` destructor calls
 ``std::terminate``. The cause is fixed where the files are read (:mod:`prefixshield.parquetfiles`:
 arrow opens them itself, so nothing it holds needs the GIL); :func:`leave` makes the program's
 exit deterministic besides, so that no native thread still at work when a command returns can

@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from prefixshield.cli import main
+from prefixshield.parquetfiles import read_frame
 
 SMALL = ["--set", "duration_s=8"]
 
@@ -21,7 +22,7 @@ def test_run_writes_records_summary_config_and_png(tmp_path):
     r = invoke("run", "one_touch", "--policy", "all", *SMALL, "--out", out)
     assert r.exit_code == 0, r.output
     assert "lru" in r.output and "hit" in r.output
-    rec = pd.read_parquet(out / "lru" / "records.parquet")
+    rec = read_frame(out / "lru" / "records.parquet")
     assert {"ttft_s", "cached_tokens", "hit_fraction", "group", "role"} <= set(rec.columns)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["engine"]["num_blocks"] == 512 and cfg["profile"]["name"] == "l4-qwen2.5-1.5b"
@@ -203,8 +204,8 @@ def test_run_stream_writes_the_files_and_summary_of_the_unstreamed_run(tmp_path)
     assert (whole / "summary.csv").read_text() == (streamed / "summary.csv").read_text()
     for policy in ("lru", "prefixshield"):
         for name in ("records", "occupancy", "held"):
-            pd.testing.assert_frame_equal(pd.read_parquet(streamed / policy / f"{name}.parquet"),
-                                          pd.read_parquet(whole / policy / f"{name}.parquet"))
+            pd.testing.assert_frame_equal(read_frame(streamed / policy / f"{name}.parquet"),
+                                          read_frame(whole / policy / f"{name}.parquet"))
         for name in ("evictions.csv", "policy_stats.json"):
             assert (streamed / policy / name).read_text() == (whole / policy / name).read_text()
     assert json.loads((streamed / "config.json").read_text())["trace"]["streamed"] is True

@@ -1,9 +1,9 @@
 """What `prefixshield run` loads and sets up at start-up (issue 10): only what the run needs.
 
 Behaviour, not speed: which modules a run imports, the environment the CLI gives OpenBLAS, that a
-console without colours skips highlighting, that the program (not an in-process CliRunner)
-freezes the collector at exit, and the environment of the start-up bench's children. No timing is
-asserted (the machines are shared)."""
+console without colours skips highlighting, that an in-process CliRunner registers no exit
+handler (the program's own exit is tests/test_exit_status.py), and the environment of the
+start-up bench's children. No timing is asserted (the machines are shared)."""
 
 import atexit
 import gc
@@ -241,25 +241,6 @@ def test_startup_bench_children_get_the_cli_env_and_write_bytecode():
     assert env["OPENBLAS_THREAD_TIMEOUT"] == "4" and env["PATH"] == "/bin"
     env, dropped = startup.child_env({"OPENBLAS_THREAD_TIMEOUT": "9"})
     assert dropped == [] and env["OPENBLAS_THREAD_TIMEOUT"] == "9"
-
-
-# Registered before the program runs, so it runs after the program's own exit handler (LIFO).
-_REPORT_FREEZE_AT_EXIT = """
-import atexit, gc, sys
-atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0))
-sys.argv = ["prefixshield", "--version"]
-{call}
-"""
-
-
-@pytest.mark.parametrize("call", ["from prefixshield.cli import main; main()",
-                                  "import runpy; runpy.run_module('prefixshield', "
-                                  "run_name='__main__')"])
-def test_program_freezes_the_collector_at_exit(call):
-    code = _REPORT_FREEZE_AT_EXIT.format(call=call)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.splitlines() == ["prefixshield, version 0.1.0", "frozen at exit: True"]
 
 
 def test_cli_runner_invocations_register_no_exit_handler():

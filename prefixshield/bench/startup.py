@@ -8,8 +8,8 @@ an interpreter that does nothing (``python -c pass``) and one that only imports 
 packages the run path cannot do without (numpy, pandas, numba, simpy, click, rich) and loads
 numba's CPU target (which imports ``scipy.linalg`` to probe BLAS), loading and exiting the way
 the CLI does (the collector paused while these load and their objects frozen after,
-:func:`prefixshield.cli.common._loading`; ``gc.freeze()`` at exit,
-:class:`prefixshield.cli.common._Program`)
+:func:`prefixshield.cli.common._loading`; the exit handlers run, then ``os._exit`` before the
+interpreter's teardown, :func:`prefixshield.exitcode.leave`)
 -- the floor our own code sits on; and the same imports with Python's default collector and
 exit, whose collections the CLI skips.
 
@@ -52,9 +52,9 @@ FLOOR_LOAD = (CLI_IMPORTS + "import gc\ngc.disable()\n" + RUN_IMPORTS + FLOOR_TA
 """The floor as the command line loads it: the run's imports and numba's CPU target with the
 collector paused and what they built frozen after (:func:`prefixshield.cli.common._loading`)."""
 
-FLOOR_EXIT = "import atexit, gc\natexit.register(gc.freeze)\n"
-"""The CLI's exit (:class:`prefixshield.cli.common._Program`): the interpreter's final
-collections skip every object alive at exit."""
+FLOOR_EXIT = "import atexit, os, sys\natexit._run_exitfuncs()\nsys.stdout.flush()\nos._exit(0)\n"
+"""The CLI's exit (:func:`prefixshield.exitcode.leave`), after the floor's imports: the exit
+handlers run and the streams flushed, then no module teardown and none of its collections."""
 
 FLOOR_LABEL = "import floor (numpy, pandas, numba + CPU target, simpy, click, rich)"
 DEFAULT_EXIT_LABEL = "the same imports, Python's default collector and exit"
@@ -112,7 +112,7 @@ def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
     tick("start-up: first (untimed) run")
     child_times(cmd, env)
     probes = {"interpreter (python -c pass)": [sys.executable, "-c", "pass"],
-              FLOOR_LABEL: [sys.executable, "-c", FLOOR_EXIT + FLOOR_LOAD],
+              FLOOR_LABEL: [sys.executable, "-c", FLOOR_LOAD + FLOOR_EXIT],
               DEFAULT_EXIT_LABEL: [sys.executable, "-c", FLOOR_CODE],
               RUN_LABEL: cmd}
     best: dict[str, tuple[float, float]] = {}

@@ -152,21 +152,24 @@ def _workload_names() -> str:
 
 class _Program(click.Group):
     """The top-level group. Called as the program -- the console script and ``python -m
-    prefixshield`` call ``main()``, :class:`click.testing.CliRunner` calls ``main.main()`` -- it
-    runs the command and ends the process with the command's own status through
-    :func:`prefixshield.exitcode.leave`: threads joined, every ``atexit`` handler run and the
-    standard streams flushed, then ``os._exit`` before the interpreter's teardown, where a
-    native thread pool still finishing its work could abort a command that had succeeded (exit
-    134). Called as ``main.main()`` it returns, or raises, as any click group does.
+    prefixshield`` call ``main()`` -- it runs the command and ends the process with the
+    command's own status through :func:`prefixshield.exitcode.leave`: threads joined, every
+    ``atexit`` handler run and the standard streams flushed, then ``os._exit`` before the
+    interpreter's teardown, where a native thread still finishing its work could abort a command
+    that had succeeded (exit 134). Called with ``standalone_mode=False`` it returns, or raises,
+    as any click group does, and :class:`click.testing.CliRunner` (which calls ``main.main()``)
+    is not touched at all.
     """
 
     running = False
     """Set once the program runs: :func:`_loading` pauses the collector only then."""
 
     def __call__(self, *args, **kwargs):
+        _Program.running = True
+        if not kwargs.get("standalone_mode", True):
+            return super().__call__(*args, **kwargs)
         from prefixshield import exitcode
 
-        _Program.running = True
         try:
             super().__call__(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 -- SystemExit is how click returns

@@ -20,6 +20,7 @@ pytest.importorskip("optuna")
 from prefixshield.cli import main  # noqa: E402
 from prefixshield.experiments import attack_search as AS  # noqa: E402
 from prefixshield.experiments.executors import make_executor  # noqa: E402
+from prefixshield.parquetfiles import read_frame  # noqa: E402
 
 ALL = ("lru", "prefixshield", "s3fifo", "static_quota")
 SMALL = {"blocks": 512, "compat": "current", "alpha": 0.6, "profile": "l4-qwen2.5-1.5b",
@@ -143,8 +144,8 @@ def test_a_killed_search_resumes_and_ends_identical_to_an_uninterrupted_one(tmp_
     b = sorted((killed / "cells").rglob("*.parquet"))
     assert [p.relative_to(whole) for p in a] == [p.relative_to(killed) for p in b]
     for pa, pb in zip(a, b):
-        pd.testing.assert_frame_equal(pd.read_parquet(pa).drop(columns="wall_s"),
-                                      pd.read_parquet(pb).drop(columns="wall_s"))
+        pd.testing.assert_frame_equal(read_frame(pa).drop(columns="wall_s"),
+                                      read_frame(pb).drop(columns="wall_s"))
 
 
 def test_a_store_of_another_search_is_refused_before_any_work(tmp_path):

@@ -9,11 +9,11 @@ what was wrong.
 import json
 import os
 
-import pandas as pd
 import pytest
 from click.testing import CliRunner
 
 from prefixshield.cli import main
+from prefixshield.parquetfiles import read_frame
 from prefixshield.traces.io import read_trace, write_trace
 
 GOOD_PROFILE = """name = "p"
@@ -426,7 +426,7 @@ def _issue26_files(d, good):
         (d / name / "store.json").write_text(text)
     shutil.copytree(d / "store", d / "st_seed")
     cell = next((d / "st_seed" / "cells").rglob("seed=0.parquet"))
-    frame = pd.read_parquet(cell)
+    frame = read_frame(cell)
     frame["seed"] = 5  # a cell of seed 5 saved under seed 0's name
     frame.to_parquet(cell, index=False)
     shutil.copytree(d / "store", d / "st_empty")

@@ -10,12 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from click.testing import CliRunner
 
 from prefixshield.cli import main
 from prefixshield.experiments.store import ResultsStore
+from prefixshield.parquetfiles import read_frame
 
 SMALL = ["one_touch", "-p", "lru", "--set", "duration_s=2", "--executor", "inprocess",
          "--no-report"]
@@ -70,7 +70,7 @@ def test_a_killed_writer_releases_its_lock_and_its_leftovers_are_cleaned(tmp_pat
 
 def _tamper(store: Path, seed: int, pp: float) -> None:
     cell = next(store.rglob(f"seed={seed}.parquet"))
-    df = pd.read_parquet(cell)
+    df = read_frame(cell)
     df["hit_ratio"] = df["hit_ratio"] + pp / 100
     df.to_parquet(cell, index=False)
 

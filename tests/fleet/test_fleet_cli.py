@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from prefixshield.cli import main
+from prefixshield.parquetfiles import read_frame
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -42,7 +43,7 @@ def test_run_prints_and_writes_the_fleet_tables(tmp_path):
     assert "tenants across the fleet" in res.output
     reps = pd.read_csv(out / "lru" / "fleet" / "replicas.csv")
     assert reps["replica"].tolist() == [0, 1]
-    rec = pd.read_parquet(out / "lru" / "records.parquet")
+    rec = read_frame(out / "lru" / "records.parquet")
     assert reps["requests"].sum() == len(rec)
     assert sorted(rec["replica"].unique()) == [0, 1]
     tenants = pd.read_csv(out / "lru" / "fleet" / "tenants.csv")

@@ -13,6 +13,7 @@ from prefixshield.experiments.executors import make_executor
 from prefixshield.fleet.config import FleetConfig
 from prefixshield.fleet.routers.base import RouterConfig
 from prefixshield.fleet.run import run_fleet
+from prefixshield.parquetfiles import read_frame
 from prefixshield.policies import make_policy
 from prefixshield.tenancy import DEFAULT_CONTRACTS
 from tests.fleet.test_fleet import _same_run, _trace
@@ -53,7 +54,7 @@ def test_run_hands_split_replicas_to_the_executor(tmp_path):
         res = CliRunner().invoke(main, ["run", "one_touch", "-p", "lru", "--replicas", "2",
                                         *extra, "--out", str(out), "--no-plot"])
         assert res.exit_code == 0, res.output
-        outs[len(extra)] = pd.read_parquet(out / "lru" / "records.parquet")
+        outs[len(extra)] = read_frame(out / "lru" / "records.parquet")
     pd.testing.assert_frame_equal(outs[0], outs[4])
 
 

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from helpers import assert_same_run, small_trace
+from prefixshield.parquetfiles import read_frame
 from prefixshield.policies import make_policy
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import load_profile
@@ -66,7 +67,7 @@ def test_the_records_file_is_the_unstreamed_records(tmp_path):
     whole, streamed = both(trace, "prefixshield", config, tmp_path, window_rows=5,
                            chunk_rows=3, max_debt_samples=8)
     assert whole.policy_stats == streamed.policy_stats
-    pd.testing.assert_frame_equal(pd.read_parquet(streamed.files["records"]), whole.records)
+    pd.testing.assert_frame_equal(read_frame(streamed.files["records"]), whole.records)
     same_summary(summarize(whole), summarize_files(streamed))
     assert not list(tmp_path.glob("**/.*.partial"))
 
