@@ -99,6 +99,7 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
         _run_stream(spec, out_dir, contracts_mode)
         return
     trace, info = build_trace(spec)
+    spec = _trace_priorities(spec, trace)
     _print_header(workload, trace, spec, info)
     if "time_factor" in info:
         console.print(f"arrivals scaled by {info['time_factor']:.3g} to {info['scale_to_load']:g}"
@@ -249,6 +250,18 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
         write_with(out_csv, lambda tmp: runs.to_csv(tmp, index=False))
         write_with(f"{out_csv}.paired.csv", lambda tmp: table_df.to_csv(tmp, index=False))
         console.print(f"wrote {out_csv} and {out_csv}.paired.csv")
+
+
+def _trace_priorities(spec, trace):
+    """``spec`` with the trace's own tenant priorities (a tenant map's ``priority`` column)
+    under ``--scheduler priority`` without ``--priority``; says so when it uses them."""
+    from prefixshield.experiments.tenant_priorities import with_trace_priorities
+
+    spec, used = with_trace_priorities(spec, trace)
+    if used:
+        console.print("priorities from the trace's tenant map: "
+                      + ", ".join(f"{g}={p}" for g, p in used.items()))
+    return spec
 
 
 def _print_header(workload, trace, spec, info) -> None:
