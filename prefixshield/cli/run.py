@@ -115,6 +115,7 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
 
         results = run_policies(trace, spec, on_done=done, failures=failures, executor=ex)
     _print_summary(results, timings, failures)
+    tenants = _print_tenants(results)
     _print_debt_warning(results)
     if fleet is not None:
         _print_fleet(results)
@@ -133,7 +134,7 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
             policy_comparison(png, f"{workload} - {spec.profile.name}, {num_blocks} blocks, "
                               f"seed {seed}", {p: summarize(r) for p, r in results.items()},
                               {p: (r.occupancy_t, r.occupancy[:, r.groups.index(focus)])
-                               for p, r in results.items()}, focus)
+                               for p, r in results.items()}, focus, tenants=tenants)
             return [png]
 
         written = write_outputs(out_dir, spec, trace, info, results, failures, extra=figures)
@@ -200,9 +201,10 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
             fleet_executor(executor_spec) as ex:
         task = progress.add_task(f"{workload}: {len(names)} policies x {seeds} seeds",
                                  total=seeds)
+        tenant_rows: list = []
         runs = run_paired(spec, list(range(seeds)),
                           on_seed=lambda _s: progress.advance(task), contracts=fitted,
-                          executor=ex)
+                          executor=ex, tenants=tenant_rows)
     table_df = paired_table(runs, baseline=names[0],
                             metrics=("hit_ratio", "token_hit_ratio", "p95_ttft_s",
                                      "arrival_hit_ratio", "p95_queue_s"))
@@ -246,10 +248,42 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
         console.print(f"[yellow]{r['policy']} failed on {r['failed']} of {seeds} seeds[/]: "
                       f"{r['error']}" + ("; its means and differences are over the seeds it "
                                          "served" if r["runs"] else ""))
+    tenants = _print_compare_tenants(tenant_rows, seeds, out_csv)
     if out_csv:
         write_with(out_csv, lambda tmp: runs.to_csv(tmp, index=False))
         write_with(f"{out_csv}.paired.csv", lambda tmp: table_df.to_csv(tmp, index=False))
-        console.print(f"wrote {out_csv} and {out_csv}.paired.csv")
+        write_with(f"{out_csv}.tenants.csv", lambda tmp: tenants.to_csv(tmp, index=False))
+        console.print(f"wrote {out_csv}, {out_csv}.paired.csv and {out_csv}.tenants.csv "
+                      "(per tenant, per seed)")
+
+
+def _print_compare_tenants(tenant_rows: list, seeds: int, out_csv):
+    """The per-tenant table of a paired comparison: each tenant under each policy, the mean
+    over the seeds that policy served; returns the per-seed rows (one frame)."""
+    import pandas as pd
+
+    from prefixshield.cli.tenant_summary import print_tenant_table
+    from prefixshield.experiments.tenant_view import mean_over_seeds
+
+    rows = pd.concat(tenant_rows, ignore_index=True) if tenant_rows else pd.DataFrame()
+    if rows.empty:
+        return rows
+    print_tenant_table(console, mean_over_seeds(rows),
+                       f"per tenant: mean over {seeds} seeds, every policy",
+                       where=f"{out_csv}.tenants.csv" if out_csv else "--out FILE.tenants.csv")
+    return rows
+
+
+def _print_tenants(results):
+    """The per-tenant table of a run's policies (every policy, tenant by tenant); returns its
+    frame (:func:`~prefixshield.experiments.tenant_view.results_tenant_frame`)."""
+    from prefixshield.cli.tenant_summary import print_tenant_table
+    from prefixshield.experiments.tenant_view import results_tenant_frame
+
+    df = results_tenant_frame(results)
+    print_tenant_table(console, df, "per tenant: measured requests of each group, every policy",
+                       where="each policy's groups.csv")
+    return df
 
 
 def _trace_priorities(spec, trace):

@@ -48,3 +48,34 @@ def tenant_plan_lines(meta: dict) -> list[str]:
         lines.append("contracts from the tenant map: "
                      + ", ".join(f"{g}={c}" for g, c in contracts.items()))
     return lines
+
+
+MAX_TENANT_ROWS = 16
+"""Tenants a terminal table shows (the busiest); the files hold them all."""
+
+
+def print_tenant_table(console, df, title: str, where: str = "groups.csv") -> None:
+    """The per-tenant table (:mod:`prefixshield.experiments.tenant_view`) of every policy,
+    tenant by tenant, the busiest :data:`MAX_TENANT_ROWS` tenants; ``where`` names the file
+    that holds them all."""
+    from rich.table import Table
+
+    from prefixshield.experiments.tenant_view import TENANT_NOTE, by_tenant, display_frame
+
+    if df.empty:
+        return
+    ordered, left = by_tenant(df, MAX_TENANT_ROWS)
+    disp = display_frame(ordered)
+    table = Table(title=title)
+    for col in disp.columns:
+        left_col = col in ("tenant", "policy")
+        table.add_column(col, justify="left" if left_col else "right", no_wrap=left_col)
+    groups = ordered["group"].tolist()
+    for i, row in enumerate(disp.itertuples(index=False)):
+        last = i + 1 == len(groups) or groups[i + 1] != groups[i]
+        table.add_row(*map(str, row), end_section=last)
+    console.print(table)
+    console.print(TENANT_NOTE)
+    if left:
+        console.print(f"{left} tenants with fewer requests not shown: every tenant is in "
+                      f"{where}")

@@ -13,13 +13,17 @@ from prefixshield.simulator.metrics import paired_difference, summarize
 
 def run_paired(spec: RunSpec, seeds: list[int],
                on_seed: Callable[[int], None] | None = None,
-               contracts: Mapping | None = None, executor: Any = None) -> pd.DataFrame:
+               contracts: Mapping | None = None, executor: Any = None,
+               tenants: list | None = None) -> pd.DataFrame:
     """Run ``spec`` once per seed (the seed replaces ``spec.seed``); one row per (seed, policy)
     with ``status`` (``ok``, or ``failed`` with ``error`` when the policy cannot serve that
     seed's trace; its metrics are then NaN) and the
     :func:`~prefixshield.simulator.metrics.summarize` columns. ``contracts``, when given, are
     what the policies meter by; each seed's trace is still built with ``spec``'s own (so an
-    attack keeps its size). ``executor``: where a split fleet's replicas run (None: here)."""
+    attack keeps its size). ``executor``: where a split fleet's replicas run (None: here).
+    ``tenants``, when given, receives per seed a per-tenant frame
+    (:func:`~prefixshield.experiments.tenant_view.results_tenant_frame` with a ``seed``
+    column) of the policies that served it."""
     rows = []
     for seed in seeds:
         s = replace(spec, seed=seed)
@@ -27,6 +31,10 @@ def run_paired(spec: RunSpec, seeds: list[int],
         failures: dict[str, str] = {}
         policy_spec = s if contracts is None else replace(s, contracts=contracts)
         results = run_policies(trace, policy_spec, failures=failures, executor=executor)
+        if tenants is not None:
+            from prefixshield.experiments.tenant_view import results_tenant_frame
+
+            tenants.append(results_tenant_frame(results).assign(seed=seed))
         for label in s.policies:
             if label in results:
                 rows.append({"seed": seed, "policy": label, "status": "ok", "error": "",
