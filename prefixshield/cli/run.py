@@ -49,7 +49,8 @@ _CONTRACTS = click.option(
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write records, summaries and config here.")
 @click.option("--plot/--no-plot", default=True, show_default=True,
-              help="With --out: write comparison.png.")
+              help="With --out: write comparison.png (report.html, one self-contained page, "
+                   "is written either way).")
 @click.option("--check-invariants", is_flag=True,
               help="Verify the block pool's invariants after every step (slow).")
 @_C_PREFILL_BASIS
@@ -121,6 +122,12 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
         _print_fleet(results)
     if out_dir:
         def figures(folder: Path) -> list[Path]:
+            from prefixshield.experiments.html_report import run_report
+
+            made = _figure(folder)
+            return made + [run_report(folder)]
+
+        def _figure(folder: Path) -> list[Path]:
             if not (plot and results):
                 return []
             from prefixshield.figures import policy_comparison
