@@ -307,8 +307,8 @@ def report(store_dir, quiet):
         console.print(f"wrote {out} (one self-contained page: open it in a browser)")
         return
     if not (Path(store_dir) / STORE_FILE).exists():
-        raise click.ClickException(f"{store_dir}: neither a results store (no {STORE_FILE}; "
-                                   "made by sweep or reproduce) nor a run's --out folder (no "
+        raise click.ClickException(f"{store_dir}: not a results store (no {STORE_FILE}; made "
+                                   "by sweep or reproduce) and not a run's --out folder (no "
                                    "summary.csv and config.json)")
 
     store = ResultsStore.open(store_dir)

@@ -89,7 +89,7 @@ def test_the_run_page_is_one_self_contained_file(run_dir):
 def test_report_refuses_a_folder_that_is_neither(tmp_path):
     r = CliRunner().invoke(main, ["report", str(tmp_path)])
     assert r.exit_code == 1 and r.output.count("\n") == 1
-    assert "neither a results store" in r.output
+    assert "not a results store" in r.output and "not a run's --out folder" in r.output
 
 
 def test_the_run_page_renders_in_headless_chromium(run_dir):
