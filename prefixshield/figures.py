@@ -213,8 +213,10 @@ def policy_comparison(path, title: str, summaries: Mapping[str, Mapping[str, flo
 def _tenant_bars(fig, grid, tenants, names, colors, max_tenants: int) -> None:
     """The per-tenant row of :func:`policy_comparison`: grouped bars, one group per tenant
     (the busiest ``max_tenants``), one bar per policy."""
+    from prefixshield.experiments.tenant_view import by_tenant
+
     req = tenants.groupby("group", sort=False)["requests"].max()
-    order = list(req.index)
+    order = list(dict.fromkeys(by_tenant(tenants)[0]["group"]))
     if len(order) > max_tenants:
         keep = set(req.sort_values(ascending=False, kind="stable").index[:max_tenants])
         order = [g for g in order if g in keep]

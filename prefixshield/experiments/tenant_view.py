@@ -10,6 +10,7 @@ same under every policy, so LRU shows the debt PrefixShield would charge).
 
 from __future__ import annotations
 
+import re
 from typing import Mapping
 
 import numpy as np
@@ -84,7 +85,7 @@ def by_tenant(df: pd.DataFrame, max_tenants: int | None = None) -> tuple[pd.Data
     """``df`` (a :func:`tenant_frame`) reordered tenant by tenant (the tenants in order of
     their first row; within one, the policies in order), the ``max_tenants`` with the most
     requests kept; returns it and how many tenants were left out."""
-    order = list(dict.fromkeys(df["group"]))
+    order = _natural(list(dict.fromkeys(df["group"])))
     left = 0
     if max_tenants is not None and len(order) > max_tenants:
         req = df.groupby("group", sort=False)["requests"].max()
@@ -96,6 +97,15 @@ def by_tenant(df: pd.DataFrame, max_tenants: int | None = None) -> tuple[pd.Data
     sub = df[df["group"].isin(grp)]
     sub = sub.assign(_g=sub["group"].map(grp), _p=sub["policy"].map(pol))
     return sub.sort_values(["_g", "_p"], kind="stable").drop(columns=["_g", "_p"]), left
+
+
+def _natural(names: list[str]) -> list[str]:
+    """``names`` in numeric order when they are one stem with numbers (``group0``, ``group1``,
+    ..., ``group10``), else as given (first arrival: ``victim`` before ``attacker``)."""
+    parts = [re.fullmatch(r"(.*?)(\d+)", n) for n in names]
+    if not all(parts) or len({m.group(1) for m in parts}) != 1:
+        return names
+    return [n for _, n in sorted(zip((int(m.group(2)) for m in parts), names))]
 
 
 def display_frame(df: pd.DataFrame) -> pd.DataFrame:
