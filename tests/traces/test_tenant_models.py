@@ -215,3 +215,24 @@ def test_an_azure_tenant_column_is_used_as_it_is(tmp_path):
     f.write_text("\n".join(rows) + "\n")
     tr = importers.import_azure(f)
     assert tr.meta["requests_per_group"] == {"b": 14, "a": 26}
+
+
+def test_run_under_the_priority_scheduler_uses_the_maps_priorities(tmp_path):
+    m = tmp_path / "tiers.csv"
+    m.write_text("group,priority\ngroup0,0\ngroup1,3\n")
+    trace = tmp_path / "t.parquet"
+    r = CliRunner().invoke(main, ["trace", "import", "mooncake",
+                                  str(three_roots(tmp_path / "t.jsonl")), str(trace),
+                                  "--groups", "4", "--assign", "session", "--tenant-map",
+                                  str(m)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["run", str(trace), "-p", "lru", "--scheduler", "priority",
+                                  "--block-size", "512", "--blocks", "64"])
+    assert r.exit_code == 0, r.output
+    assert "priorities from the trace's tenant map: group0=0, group1=3" in r.output
+    assert "scheduler: priority; priorities group0=0, group1=3" in r.output
+    # an explicit --priority wins over the map's
+    r = CliRunner().invoke(main, ["run", str(trace), "-p", "lru", "--scheduler", "priority",
+                                  "--priority", "group1=1", "--block-size", "512",
+                                  "--blocks", "64"])
+    assert r.exit_code == 0 and "from the trace's tenant map" not in r.output
