@@ -271,8 +271,9 @@ def _tenants(model: str, roots: np.ndarray, sessions: np.ndarray, groups: list[s
                              "other --assign)")
         stray = [g for g in m.groups if g not in out.groups]
         if stray:
+            more = ", ..." if len(out.groups) > 8 else ""
             raise TraceError(f"{tenant_map}: group {stray[0]!r} is not a group of this import "
-                             f"({', '.join(out.groups[:8])}{', ...' if len(out.groups) > 8 else ''})")
+                             f"({', '.join(out.groups[:8])}{more})")
         out = out._replace(contracts=m.contracts, priorities=m.priorities)
     return out
 

@@ -216,7 +216,10 @@ def _deal_units(model: str, keys: np.ndarray, G: int, seed: int, tenant_skew: fl
     elif model in ("zipf", "servegen"):
         w = _model_weights(model, G, tenant_skew)
         rng = np.random.default_rng([int(seed), 11])
-        out = rng.choice(G, size=n, p=w / w.sum()).astype(np.int64)
+        draw = rng.choice(G, size=n, p=w / w.sum()).astype(np.int64)
+        # one draw per unit in order of its key (as before sessions existed: the same seed
+        # gives the same tenants it always gave)
+        out = draw[np.argsort(np.argsort(np.asarray(keys), kind="stable"), kind="stable")]
     else:  # round_robin, session: dealt in order of first appearance
         out = np.arange(n, dtype=np.int64) % G
     return fill_empty_groups(out, G) if n >= G else out

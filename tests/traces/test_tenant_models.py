@@ -73,7 +73,7 @@ def test_every_model_fills_four_groups_on_three_roots(tmp_path, assign):
     assert all(n > 0 for n in counts.values()) and sum(counts.values()) == 24
     rows = tr.requests
     if assign in ("session", "prefix"):
-        # a group never mixes system prompts; prompt A (9 requests, 6 sessions) is split in two groups
+        # a group never mixes system prompts; prompt A (9 requests, 6 sessions) is split in two
         assert (rows.groupby("group")["prefix_id"].nunique() == 1).all()
         plan = tr.meta["tenant_plan"]
         assert plan["unit"] == "session" and plan["roots"] == 3 and plan["sessions"] == 12
@@ -236,3 +236,15 @@ def test_run_under_the_priority_scheduler_uses_the_maps_priorities(tmp_path):
                                   "--priority", "group1=1", "--block-size", "512",
                                   "--blocks", "64"])
     assert r.exit_code == 0 and "from the trace's tenant map" not in r.output
+
+
+def test_a_zipf_draw_that_filled_every_group_is_the_one_it_always_was():
+    # the draw before sessions existed: one per distinct key, keys in sorted order
+    rng = np.random.default_rng(9)
+    units = rng.permutation(np.repeat(rng.choice(10_000, size=20, replace=False), 3))
+    keys, inverse = np.unique(units, return_inverse=True)
+    w = 1.0 / np.arange(1, 4) ** 1.0
+    old = np.random.default_rng([5, 11]).choice(3, size=len(keys), p=w / w.sum())[inverse]
+    assert len(set(old.tolist())) == 3
+    assert importers.assign_tenants("zipf", units, ["a", "b", "c"], seed=5).tolist() == \
+        old.tolist()
