@@ -195,8 +195,9 @@ def policy_comparison(path, title: str, summaries: Mapping[str, Mapping[str, flo
     axes[0].set_ylim(0, 100)
     axes[1].bar(x, [summaries[p]["p95_ttft_s"] for p in names], color=colors[: len(names)])
     axes[1].set_ylabel(f"P95 TTFT of {pop} requests (s)")
+    long = sum(len(p) for p in names) > 24  # names that would run into each other
     for ax in axes[:2]:
-        ax.set_xticks(x, names)
+        ax.set_xticks(x, names, rotation=25 if long else 0, ha="right" if long else "center")
     for i, p in enumerate(names):
         t, blocks = occupancy[p]
         axes[2].step(t, blocks, where="post", label=p, color=colors[i % len(colors)])
@@ -238,4 +239,5 @@ def _tenant_bars(fig, grid, tenants, names, colors, max_tenants: int) -> None:
                                                if left else ""))
         if metric == "hit_ratio":
             ax.set_ylim(0, 100)
-        ax.legend(title="policy", fontsize="small")
+        # beside the axes: bars of every height stay visible
+        ax.legend(title="policy", fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))

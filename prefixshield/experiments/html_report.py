@@ -30,7 +30,7 @@ body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1400px; 
 h1 { font-size: 1.6em; } h2 { margin-top: 1.8em; border-bottom: 1px solid #ccc; }
 table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
-th { background: #f0f0f0; } td.text { text-align: left; }
+th { background: #f0f0f0; } td.text, th.text { text-align: left; }
 tr.first td { border-top: 2px solid #888; }
 p.note { color: #555; font-size: 0.85em; max-width: 1100px; }
 figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #ddd; }
@@ -49,7 +49,8 @@ def html_table(df: pd.DataFrame, table_id: str | None = None,
     left-aligned names, the rest right-aligned values; rows in ``first_rows`` start a block
     (a thicker rule above: a new tenant)."""
     first = set(first_rows)
-    head = "".join(f"<th>{_e(c)}</th>" for c in df.columns)
+    head = "".join(f'<th class="text">{_e(c)}</th>' if j < text_columns else f"<th>{_e(c)}</th>"
+                   for j, c in enumerate(df.columns))
     body = []
     for i, row in enumerate(df.itertuples(index=False)):
         cls = ' class="first"' if i in first and i else ""
