@@ -174,8 +174,33 @@ def run_report(folder: str | Path) -> Path:
             m = pd.read_csv(f, dtype={"requester": str})
             m = m.rename(columns={"requester": "requester \\ owner"})
             body += [f"<h3>{_e(p)}</h3>", html_table(m)]
+    body += _fleet_blocks(folder, ok)
     out = folder / REPORT_FILE
     write_text(out, page(title, body))
+    return out
+
+
+def _fleet_blocks(folder: Path, labels: list[str]) -> list[str]:
+    """A fleet run's replica and fleet-wide tenant tables per policy (``fleet/*.csv``), numbers
+    to 3 decimals; empty for a single engine."""
+    from prefixshield.experiments.single import label_dir
+
+    out = []
+    for p in labels:
+        d = folder / label_dir(p) / "fleet"
+        if not (d / "replicas.csv").is_file():
+            continue
+        if not out:
+            out.append("<h2>The fleet</h2><p class=\"note\">Per replica, and per tenant across "
+                       "the replicas, with the hit ratio an infinite cache behind the same router "
+                       "would give (bound).</p>")
+        for name, text_cols in (("replicas", 1), ("tenants", 2)):
+            f = d / f"{name}.csv"
+            if f.is_file():
+                df = pd.read_csv(f, dtype={"group": str})
+                df = df.apply(lambda c: c.map(lambda v: f"{v:.3f}" if isinstance(v, float)
+                                              else v))
+                out += [f"<h3>{_e(p)}: {name}</h3>", html_table(df, text_columns=text_cols)]
     return out
 
 

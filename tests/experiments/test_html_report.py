@@ -136,3 +136,18 @@ def test_a_store_gets_a_page_with_its_tables_figures_and_tenants(tmp_path):
     table = re.search(r'<table id="tenants">(.*?)</table>', page, re.S).group(1)
     for who in ("victim", "attacker", "lru", "prefixshield"):
         assert f">{who}<" in table
+
+
+def test_a_fleet_run_page_has_its_replicas_and_tenants(tmp_path):
+    trace = tmp_path / "mc.parquet"
+    r = invoke("trace", "import", "mooncake", FIXTURES / "mooncake_synthetic_head60.jsonl",
+               trace, "--groups", "2", "--assign", "session")
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "fleet"
+    r = invoke("run", trace, "-p", "lru", "--blocks", "1024", "--block-size", "512",
+               "--replicas", "2", "--router", "least_loaded", "--out", out)
+    assert r.exit_code == 0, r.output
+    page = (out / "report.html").read_text()
+    assert "<h3>lru: replicas</h3>" in page and "<h3>lru: tenants</h3>" in page
+    tenants = page.split("<h3>lru: tenants</h3>")[1]
+    assert ">group0<" in tenants and ">group1<" in tenants
