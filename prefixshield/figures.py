@@ -155,6 +155,12 @@ def ttft_cdfs(path, title: str, quantiles: Mapping[str, Sequence[float]],
         if q.size:
             ax.plot(q, np.asarray(percentiles) / 100.0, label=name)
     ax.set_xscale("log")
+    # math text is off (names are drawn as written), so the log axis's default 10^k labels
+    # would show as raw TeX: plain numbers instead
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction of requests")
     ax.set_ylim(0, 1)

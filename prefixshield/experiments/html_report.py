@@ -62,6 +62,19 @@ def html_table(df: pd.DataFrame, table_id: str | None = None,
             + "</tbody></table>")
 
 
+def _leading_names(df: pd.DataFrame) -> int:
+    """How many leading columns of a display table hold names rather than numbers (left-aligned):
+    those where some cell does not start like a number (``12``, ``-0.3``, ``+9.5 [...]``,
+    ``45%``, ``-``)."""
+    n = 0
+    for c in df.columns:
+        vals = [str(v) for v in df[c]]
+        if vals and all(v[:1] in "0123456789+-." for v in vals if v):
+            break
+        n += 1
+    return max(n, 1)
+
+
 def embedded_figure(path: Path, caption: str) -> str:
     """A ``<figure>`` with ``path`` (PNG or SVG) inline as a ``data:`` URI; empty if the file is
     missing."""
@@ -245,7 +258,7 @@ def store_report(store, sections, cells: pd.DataFrame) -> Path:
         for t in sec.tables:
             if len(sec.tables) > 1 or t.title != sec.title:
                 body.append(f"<h3>{_e(t.title)}</h3>")
-            body.append(html_table(t.display))
+            body.append(html_table(t.display, text_columns=_leading_names(t.display)))
             body += [f'<p class="note">{_e(n)}</p>' for n in t.notes]
         body += [f'<p class="note">{_e(n)}</p>' for n in sec.notes]
         for rel, caption in sec.figures:
