@@ -382,12 +382,17 @@ def _fmt(x: float, spec: str) -> str:
 def _print_fleet(results) -> None:
     """Per policy: the fleet's replicas (load, hits beside the infinite-cache bound, TTFT,
     queueing, blocks) and its tenants across the fleet."""
-    from prefixshield.fleet.metrics import fleet_summary, replica_table, tenant_table, with_bound
+    from prefixshield.fleet.metrics import (fleet_summary, replica_table, routing_warning,
+                                            tenant_table, with_bound)
 
     def f3(x):
-        return f"{x:.3f}"
+        return _fmt(x, ".3f")
 
+    warned: dict[str, list[str]] = {}
     for label, r in results.items():
+        msg = routing_warning(r)
+        if msg:
+            warned.setdefault(msg, []).append(label)
         rec = with_bound(r)
         s = fleet_summary(r, rec)
         ledger = ("" if s["ledger"] == "replica"
@@ -401,6 +406,10 @@ def _print_fleet(results) -> None:
         for col in cols:
             t.add_column(col, justify="right")
         for row in replica_table(r, rec).to_dict("records"):
+            if row["requests"] == 0:  # an idle replica has no figures, only its empty pool
+                t.add_row(str(row["replica"]), "0", "[yellow]idle[/]", *["-"] * 8,
+                          str(row["evictions"]))
+                continue
             t.add_row(str(row["replica"]), str(row["requests"]), f3(row["hit_ratio"]),
                       f3(row["bound_hit_ratio"]), f3(row["token_hit_ratio"]),
                       f3(row["bound_token_hit_ratio"]), f3(row["p95_ttft_s"]),
@@ -419,6 +428,9 @@ def _print_fleet(results) -> None:
                       f3(row["p95_ttft_s"]), f3(row["mean_queue_s"]), str(row["replicas"]),
                       f"{row['top_share']:.2f}")
         console.print(t)
+    for msg, labels in warned.items():
+        under = "" if len(labels) == len(results) else f" (under {', '.join(labels)})"
+        console.print(f"[yellow]warning[/]: {msg}{under}")
 
 
 def _run_stream(spec, out_dir, contracts_mode) -> None:

@@ -213,9 +213,9 @@ def debt_warning(results: Mapping[str, RunResult]) -> str | None:
             parts.append(f"{g} ({c}: refill {rho:g} blocks/s) created {x:,.1f} blocks/s"
                          f"{ratio}, in debt {100 * f:.0f}% of the window")
     return (f"a tenant's contract does not fit it under {first}: " + "; ".join(parts)
-            + f" (under {', '.join(partial)}). PrefixShield charges such a tenant as if it "
-            "attacked; size the contracts to this trace and pool with --contracts fit, or "
-            "give the tenant a larger tier.")
+            + f" (under {', '.join(partial)}). PrefixShield evicts an indebted tenant's "
+            "blocks first, as it would an attacker's; size the contracts to this trace and "
+            "pool with --contracts fit, or give the tenant a larger tier.")
 
 
 def fit_to_trace(trace, spec) -> ContractFit:

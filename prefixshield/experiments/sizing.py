@@ -98,7 +98,7 @@ def check_admissible(trace: Trace, engine: EngineConfig, policies, source: str) 
             f"{str(df['group'].iloc[row])!r} needs {int(need[row]):,} blocks of prompt and "
             f"output but a group may hold at most {cap:,} of {engine.num_blocks:,}{share}: it "
             f"could never be admitted; the smallest pool that serves it is {pool:,} blocks "
-            f"(--blocks {pool} or --blocks auto)")
+            f"(--blocks {pool})")
 
 
 def resolve_auto(workload: str, engine: EngineConfig, policies, blocks) -> tuple[
