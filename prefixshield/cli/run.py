@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from prefixshield.cli.common import (SEED, Stages, _engine_options, _fleet_options,
+from prefixshield.cli.common import (SEED, AutoBlocks, Stages, _engine_options, _fleet_options,
                                      _load_numba_target, _loading, compile_note,
                                      _policy_names, _scheduler_options,
                                      _user_errors, _workload_options,
@@ -94,6 +94,9 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
         # before minutes of simulation, not after
         check_out_dir(out_dir, inputs=[workload] if is_trace_file(workload) else [])
     names = _policy_names(policies)
+    if stream and isinstance(num_blocks, AutoBlocks):
+        raise click.BadParameter("auto counts the unique blocks of the whole trace, which "
+                                 "--stream never holds: give --blocks N", param_hint="--blocks")
     engine, sizing = _engine(workload, names, num_blocks, block_size, max_num_seqs,
                              max_num_batched_tokens, vllm_compat, scheduler, check_invariants)
     spec = RunSpec(workload=workload, policies=names, engine=engine,
@@ -483,10 +486,12 @@ def _check_pool(spec) -> None:
     C_prefill probe of --scale-to-engine included): see
     :func:`prefixshield.experiments.sizing.check_admissible`."""
     from prefixshield.experiments.single import is_trace_file
-    from prefixshield.experiments.sizing import check_admissible
-    from prefixshield.traces.io import read_trace
 
     if is_trace_file(spec.workload):
+        # Parquet I/O only when a file is read (as build_trace does)
+        from prefixshield.experiments.sizing import check_admissible
+        from prefixshield.traces.io import read_trace
+
         check_admissible(read_trace(spec.workload), spec.engine, spec.policies, spec.workload)
 
 
