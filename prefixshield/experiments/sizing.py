@@ -9,9 +9,9 @@ which some request can never be admitted under a policy.
 * A request needs ``ceil((prompt + output) / block_size)`` blocks by the time it finishes (a
   request preempted late comes back with its output so far, as the engine's own fit check
   counts it). A policy says how many blocks one group may hold with nothing else running
-  (:meth:`prefixshield.policies.base.Policy.group_capacity`: every usable block, or
+  (`prefixshield.policies.base.Policy.group_capacity`: every usable block, or
   static_quota's share) and the smallest pool that lets a group hold a given number
-  (:meth:`~prefixshield.policies.base.Policy.pool_for`). :func:`check_admissible` refuses a pool
+  (`prefixshield.policies.base.Policy.pool_for`). `check_admissible` refuses a pool
   in which the largest request exceeds that, before any simulation, naming the request, what it
   needs and the smallest pool that serves it.
 """
@@ -103,8 +103,8 @@ def check_admissible(trace: Trace, engine: EngineConfig, policies, source: str) 
 
 def resolve_auto(workload: str, engine: EngineConfig, policies, blocks) -> tuple[
         EngineConfig, str | None]:
-    """``engine`` with ``blocks`` (an int, or :class:`AutoBlocks` for a trace file
-    ``workload``: sized by :func:`auto_blocks` on the file's trace) and the sizing line (None
+    """``engine`` with ``blocks`` (an int, or `AutoBlocks` for a trace file
+    ``workload``: sized by `auto_blocks` on the file's trace) and the sizing line (None
     for an int). Raises ``ValueError`` for ``auto`` with a generated workload (its trace is
     built for its pool, not the pool for it)."""
     from dataclasses import replace
@@ -125,7 +125,7 @@ def resolve_auto(workload: str, engine: EngineConfig, policies, blocks) -> tuple
 def auto_blocks(trace: Trace, engine: EngineConfig, policies,
                 auto: AutoBlocks) -> tuple[int, str]:
     """The configured blocks of ``--blocks auto:F`` for ``trace`` and the line that says how
-    they were sized: ``ceil(F x unique blocks) + 1``, raised to :func:`smallest_pool` where
+    they were sized: ``ceil(F x unique blocks) + 1``, raised to `smallest_pool` where
     some request would not fit it under one of ``policies``."""
     unique = unique_blocks(trace, engine)
     blocks = max(2, math.ceil(auto.fraction * unique) + 1)

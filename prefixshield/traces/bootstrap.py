@@ -1,7 +1,7 @@
 """Replicates of a trace file: a bootstrap over its sessions.
 
 A trace file is one observation; the seeds of ``compare TRACE.parquet`` are replicates of it
-drawn by :func:`session_bootstrap`, what a trace can honestly vary: *which* sessions arrived.
+drawn by `session_bootstrap`, what a trace can honestly vary: *which* sessions arrived.
 
 * A session is a ``(group, prefix_id)`` pair, the unit every importer keeps together: a
   ShareGPT conversation, a Mooncake prefix root (the requests that share a first block after

@@ -139,3 +139,13 @@ def test_compare_runs_the_guard_too(tmp_path):
     text = " ".join(r.output.split())
     assert "warning on 2 of 2 seeds (seed 0): a tenant's contract does not fit it under " \
            "lru: chat" in text
+
+
+def test_compare_on_a_trace_file_runs_a_fleet_and_a_scheduler(mooncake):
+    r = invoke("compare", mooncake, "-p", "lru,static_quota", "--blocks", "auto", "--seeds",
+               "2", "--replicas", "2", "--router", "session", "--scheduler", "vtc")
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "fleet: 2 replicas of that engine behind router session" in text
+    assert "scheduler: vtc" in text
+    assert "seed 1: 2 policies" in text and "static_quota" in text
