@@ -163,9 +163,8 @@ def _routing_cause(rec: pd.DataFrame, router, n: int) -> str:
                f"keys for {n} replicas")
         return out + (f", and its busiest key ({who}) carries {int(sizes.iloc[0]):,} of "
                       f"{total:,} requests ({100 * sizes.iloc[0] / total:.0f}%), all on "
-                      f"replica {int(where)}" + ("" if by_group else
-                                                   "; --router-key group or another router "
-                                                   "spreads them"))
+                      f"replica {int(where)}; a router that reads the replicas' load "
+                      "(least_loaded, kv_aware) does not pin a key to one replica")
     if router.name in ("prefix_affinity", "kv_aware"):
         sizes = rec["prefix_id"].value_counts()
         return (f"{router.name} sends a request to the replica holding its prefix; the busiest "
