@@ -111,6 +111,8 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
         trace, info = build_trace(spec)
         check_admissible(trace, spec.engine, spec.policies, workload)
     _print_header(workload, trace, spec, info, sizing)
+    if sizing:
+        info = {**info, "blocks_sizing": sizing}  # config.json says how the pool was sized
     if contracts_mode == "fit":
         spec, info = _fit_contracts(trace, spec, info)
     timings: dict[str, float] = {}

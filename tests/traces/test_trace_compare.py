@@ -2,6 +2,7 @@
 replicates, ``--blocks auto`` sizing, the stages a run prints as it goes, and the guard that
 names a tenant whose contract does not fit it."""
 
+import json
 import math
 from pathlib import Path
 
@@ -66,19 +67,24 @@ def test_compare_on_a_trace_file_is_deterministic(mooncake, tmp_path):
     assert a.read_text() == b.read_text()
 
 
-def test_blocks_auto_is_the_fraction_of_the_unique_blocks_plus_the_null_block(mooncake):
+def test_blocks_auto_is_the_fraction_of_the_unique_blocks_plus_the_null_block(mooncake,
+                                                                             tmp_path):
     trace = read_trace(mooncake)
     engine = EngineConfig()
     hashes, _, _ = trace_hashes(trace, engine)
     unique = len(np.unique(hashes))
     assert unique_blocks(trace, engine) == unique
     want = math.ceil(0.5 * unique) + 1
-    r = invoke("run", mooncake, "-p", "lru", "--blocks", "auto:0.5")
+    out = tmp_path / "o"
+    r = invoke("run", mooncake, "-p", "lru", "--blocks", "auto:0.5", "--out", out, "--no-plot")
     assert r.exit_code == 0, r.output
     text = " ".join(r.output.split())
-    assert (f"--blocks auto:0.5: {want:,} blocks = 0.5 x the trace's {unique:,} unique blocks "
-            "of 16 tokens + the null block") in text
+    line = (f"--blocks auto:0.5: {want:,} blocks = 0.5 x the trace's {unique:,} unique blocks "
+            "of 16 tokens + the null block")
+    assert line in text
     assert f"{want} blocks x 16 tokens" in text
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["engine"]["num_blocks"] == want and cfg["trace"]["blocks_sizing"] == line
 
 
 def test_blocks_auto_is_raised_to_the_smallest_pool_a_quota_serves(mooncake):
