@@ -511,6 +511,10 @@ def _engine(workload, policies, num_blocks, block_size, max_num_seqs, max_num_ba
                           check_invariants=check_invariants, scheduler=scheduler)
     if isinstance(num_blocks, int):
         return engine, None
+    from prefixshield.experiments.single import is_trace_file
+
+    if not is_trace_file(workload):  # refused before the stage line (resolve_auto says why)
+        return resolve_auto(workload, engine, policies, num_blocks)
     with Stages() as stages:
         stages.stage("sizing the pool from the trace (--blocks auto)")
         return resolve_auto(workload, engine, policies, num_blocks)
