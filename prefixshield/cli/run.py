@@ -224,7 +224,8 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
     if trace_file:
         b = info0["bootstrap"]
         console.print(f"replicates: seeds 0..{seeds - 1} are bootstrap draws of the file's "
-                      f"{b['sessions']:,} sessions (group, prefix_id) with replacement, each "
+                      f"{b['sessions']:,} sessions (group, prefix_id; {b['file_requests']:,} "
+                      "requests) with replacement, each "
                       "with all its requests at their own times; a session drawn again is a "
                       "new one of the same shape (private content renamed, shared content "
                       f"kept); the tenant assignment is the file's. Seed 0: "

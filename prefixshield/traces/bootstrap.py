@@ -111,6 +111,7 @@ def session_bootstrap(trace: Trace, seed: int) -> Trace:
     }
     meta = {**trace.meta, "bootstrap": {
         "seed": int(seed), "unit": "session (group, prefix_id)", "sessions": num_sessions,
+        "file_requests": int(n),
         "sessions_drawn": int(np.count_nonzero(counts)), "requests": int(rows.shape[0])}}
     out = dataclasses.replace(trace, requests=build_requests(columns), meta=meta)
     return out.validate(f"session bootstrap {seed}")
