@@ -106,7 +106,8 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
         _run_stream(spec, out_dir, contracts_mode)
         return
     with Stages() as stages:
-        stages.stage(f"building the trace of {workload}")
+        # the C_prefill probe runs the engine: the first compilation may happen here
+        stages.stage(f"building the trace of {workload}{compile_note()}")
         _check_pool(spec)
         trace, info = build_trace(spec)
         check_admissible(trace, spec.engine, spec.policies, workload)
@@ -216,7 +217,7 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
                    c_prefill_basis=c_prefill_basis, fleet=fleet, scale_to_load=scale_to_load,
                    resample="sessions" if trace_file else None)
     with Stages() as stages:
-        stages.stage(f"building seed 0's trace of {workload}")
+        stages.stage(f"building seed 0's trace of {workload}{compile_note()}")
         _check_pool(spec)
         trace0, info0 = build_trace(spec)
         check_admissible(trace0, spec.engine, spec.policies, workload)
