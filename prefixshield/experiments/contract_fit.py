@@ -23,7 +23,8 @@ LRU (never from a PrefixShield run):
 
 :func:`debt_warning` is the run-time guard: when every group is in debt for most of the
 measured window (:data:`MOST`), the contracts do not fit the deployment; when one tenant that
-is not an attacker is, its contract does not fit that tenant.
+is not an attacker is, creating at least :data:`FAR` times its refill, its contract does not
+fit that tenant.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ from prefixshield.tenancy import DEFAULT_CONTRACTS, Contract
 MOST = 0.5
 """The guard fires when every group, or one tenant that is not an attacker, is in debt for
 more than this fraction of the window."""
+FAR = 2.0
+"""...and, for one tenant, when it also created at least this many times its refill (a tenant
+somewhat above its tier's mean is in debt by design under fitted contracts)."""
 
 
 @dataclass(frozen=True)
@@ -171,10 +175,10 @@ def debt_warning(results: Mapping[str, RunResult]) -> str | None:
       contracts' refill and the creation rates measured in the first such run (LRU's when it
       is among them).
     * Otherwise, when some tenant that is not an attacker (role ``victim`` or ``benign``) was
-      in debt for more than :data:`MOST` of the window, its contract does not fit it: the
-      message names each such tenant with its creation rate, its refill and their ratio, in
-      the first such run (LRU's when it is among them). An attacker is in debt by design and
-      is never named.
+      in debt for more than :data:`MOST` of the window and created at least :data:`FAR` times
+      its refill, its contract does not fit it: the message names each such tenant with its
+      creation rate, its refill and their ratio, in the first such run (LRU's when it is
+      among them). An attacker is in debt by design and is never named.
     """
     fired, partial = {}, {}
     for label, r in results.items():
@@ -185,7 +189,9 @@ def debt_warning(results: Mapping[str, RunResult]) -> str | None:
         roles = dict(zip(r.records["group"].astype(str), r.records["role"].astype(str)))
         over = {g: f for g, f in frac.items() if f > MOST and roles.get(g, "") != "attacker"}
         if over:
-            partial[label] = over
+            far = _far_over(r, over)
+            if far:
+                partial[label] = far
     if fired:
         first = "lru" if "lru" in fired else next(iter(fired))
         r = results[first]
@@ -216,6 +222,17 @@ def debt_warning(results: Mapping[str, RunResult]) -> str | None:
             + f" (under {', '.join(partial)}). PrefixShield evicts an indebted tenant's "
             "blocks first, as it would an attacker's; size the contracts to this trace and "
             "pool with --contracts fit, or give the tenant a larger tier.")
+
+
+def _far_over(result: RunResult, groups: Mapping[str, float]) -> dict[str, float]:
+    """Those of ``groups`` (group -> debt fraction) that created at least :data:`FAR` times
+    the refill of one of their contracts in ``result``'s measured window."""
+    keep = {}
+    for (g, c), x in creation_rates(result).items():
+        rho = result.contract_rho[result.contracts.index(c)]
+        if g in groups and (rho <= 0 or x >= FAR * rho):
+            keep[g] = groups[g]
+    return keep
 
 
 def fit_to_trace(trace, spec) -> ContractFit:

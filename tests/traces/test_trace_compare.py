@@ -108,14 +108,14 @@ def test_a_run_says_each_stage_as_it_starts_and_ends(mooncake):
     assert r.output.index("simulating s3fifo") < r.output.index("judged population")
 
 
-def _one_heavy_tenant(tmp_path):
+def _one_heavy_tenant(tmp_path, every_s=0.5):
     """Two benign tenants over 40 s: ``chat`` sends a 2,048-token prompt of its own every
-    0.5 s (256 blocks/s of new blocks, 6.4x the standard refill of 40/s), ``quiet`` a 64-token
-    one every 10 s (within its refill)."""
+    ``every_s`` (0.5 s: 256 blocks/s of new blocks, 6.4x the standard refill of 40/s),
+    ``quiet`` a 64-token one every 10 s (within its refill)."""
     from prefixshield.traces.io import write_trace
     from prefixshield.traces.schema import Trace, build_requests
 
-    rows = [(0.5 * i, "chat", 2048) for i in range(80)] + \
+    rows = [(every_s * i, "chat", 2048) for i in range(int(40 / every_s))] + \
         [(10.0 * i + 0.25, "quiet", 64) for i in range(4)]
     rows.sort()
     n = len(rows)
@@ -124,7 +124,7 @@ def _one_heavy_tenant(tmp_path):
             "role": ["benign"] * n, "prefix_id": list(range(n)), "measured": [True] * n,
             "output_tokens": [4] * n, "segment_ids": [[1000 + i] for i in range(n)],
             "segment_lengths": [[r[2]] for r in rows], "output_segment_id": [-1] * n}
-    path = tmp_path / "heavy.parquet"
+    path = tmp_path / f"heavy{every_s:g}.parquet"
     write_trace(Trace(build_requests(cols)).validate("test"), path)
     return path
 
@@ -136,6 +136,22 @@ def test_the_guard_names_a_tenant_whose_contract_does_not_fit_it_on_one_engine(t
     assert "warning: a tenant's contract does not fit it under lru: chat (standard: refill " \
            "40 blocks/s) created" in text
     assert "quiet (" not in text
+
+
+def test_the_guard_leaves_a_tenant_less_than_twice_over_its_refill_unnamed(tmp_path):
+    from prefixshield.experiments.contract_fit import FAR, creation_rates, debt_fractions
+    from prefixshield.experiments.single import RunSpec, build_trace, run_policies
+    from prefixshield.simulator.costmodel import load_profile
+
+    path = _one_heavy_tenant(tmp_path, every_s=2.2)  # 128 blocks / 2.2 s: about 1.5x refill
+    spec = RunSpec(str(path), ("lru",), EngineConfig(num_blocks=4096),
+                   load_profile("l4-qwen2.5-1.5b"))
+    lru = run_policies(build_trace(spec)[0], spec)["lru"]
+    assert debt_fractions(lru)["chat"] > 0.5  # in debt most of the window ...
+    assert creation_rates(lru)[("chat", "standard")] < FAR * 40  # ... but not far over
+    r = invoke("run", path, "-p", "lru", "--blocks", "4096")
+    assert r.exit_code == 0, r.output
+    assert "warning" not in r.output
 
 
 def test_compare_runs_the_guard_too(tmp_path):
