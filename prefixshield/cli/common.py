@@ -550,6 +550,7 @@ class Stages:
             self._progress.update(self._task, description=text)
         else:
             self.out.print(f"{text}...")
+            self._flush()
 
     def done(self, text: str | None = None) -> None:
         """End a step (the bar advances); ``text``: a line saying what it did."""
@@ -557,6 +558,14 @@ class Stages:
             self._progress.advance(self._task)
         if text:
             self.out.print(text)
+            self._flush()
+
+    def _flush(self) -> None:
+        # a pipe or a log file gets the line now, not when the buffer fills or the run ends
+        try:
+            self.out.file.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
 
 
 def compile_note() -> str:
