@@ -10,7 +10,7 @@ BIN010  := $(VENV010)/bin
 PIP010  := $(BIN010)/pip --disable-pip-version-check -q
 DEMO_OUT ?= demo-out
 
-.PHONY: demo test test-vllm010 docs bench install install-vllm install-vllm010 clean
+.PHONY: demo test test-vllm010 docs bench install install-vllm install-vllm010 browser clean
 
 # Core package + test tools (numpy, numba, simpy, pandas, pyarrow, click, rich, matplotlib, ...)
 # and Ray, so the executor tests run the Ray executor too.
@@ -64,9 +64,30 @@ install-vllm010: $(VENV010)/.vllm
 demo: $(VENV)/.core
 	$(BIN)/prefixshield run one_touch --policy all --out $(DEMO_OUT)
 
+# Headless Chromium for the HTML report's browser test (tests/experiments/test_html_report.py):
+# Debian's chromium package, by apt-get as root or by sudo without a password. Where neither
+# works (or the machine has no apt-get) it says so and the test skips; set
+# PREFIXSHIELD_REQUIRE_BROWSER=1 to make a missing browser fail it instead.
+BROWSERS := chromium chromium-browser google-chrome google-chrome-stable
+APT_CHROMIUM := DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
+browser:
+	@for b in $(BROWSERS); do command -v $$b >/dev/null 2>&1 && exit 0; done; \
+	if ! command -v apt-get >/dev/null 2>&1; then \
+	  echo "make browser: no chromium and no apt-get: the HTML report's browser test will skip"; \
+	elif [ "$$(id -u)" = 0 ]; then \
+	  $(APT_CHROMIUM) || { apt-get update && $(APT_CHROMIUM); } || \
+	  echo "make browser: apt-get could not install chromium: the browser test will skip"; \
+	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
+	  sudo -n env $(APT_CHROMIUM) || { sudo -n apt-get update && sudo -n env $(APT_CHROMIUM); } || \
+	  echo "make browser: apt-get could not install chromium: the browser test will skip"; \
+	else \
+	  echo "make browser: installing chromium needs root or passwordless sudo (apt-get install" \
+	       "chromium): the HTML report's browser test will skip"; \
+	fi
+
 # PREFIXSHIELD_WARM_KERNELS: a low-priority child compiles the numba kernels on the second core
 # while the suite runs on the first (tests/conftest.py)
-test: $(VENV)/.vllm $(VENV010)/.vllm
+test: $(VENV)/.vllm $(VENV010)/.vllm browser
 	PREFIXSHIELD_WARM_KERNELS=1 $(BIN)/python -m pytest -q
 
 # The vLLM 0.10.2 differential test alone, in its venv (`make test` runs it through the main suite).

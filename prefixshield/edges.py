@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -45,6 +46,23 @@ MAX_WORKERS = 4096
 """The most executor workers (processes or local Ray CPUs)."""
 NAME_ALPHABET = "letters, digits, '-', '_', '.' (starting with a letter or digit, <= 64)"
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+DEFAULT_AUTO_FRACTION = 0.25
+"""``--blocks auto``'s fraction of the trace's unique blocks: a pool a quarter of what an
+infinite cache would hold, so that the replacement policy decides what stays."""
+
+
+@dataclass(frozen=True)
+class AutoBlocks:
+    """``--blocks auto[:FRACTION]``: size the pool as ``fraction`` (0 < fraction <= 1) of the
+    trace's unique blocks (:mod:`prefixshield.experiments.sizing`)."""
+
+    fraction: float = DEFAULT_AUTO_FRACTION
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.fraction) and 0 < self.fraction <= 1):
+            raise ValueError(f"auto:FRACTION must be in (0, 1], got {self.fraction:g}")
 
 
 class EdgeError(ValueError):

@@ -155,6 +155,12 @@ def ttft_cdfs(path, title: str, quantiles: Mapping[str, Sequence[float]],
         if q.size:
             ax.plot(q, np.asarray(percentiles) / 100.0, label=name)
     ax.set_xscale("log")
+    # math text is off (names are drawn as written), so the log axis's default 10^k labels
+    # would show as raw TeX: plain numbers instead
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction of requests")
     ax.set_ylim(0, 1)
@@ -166,19 +172,27 @@ def ttft_cdfs(path, title: str, quantiles: Mapping[str, Sequence[float]],
 
 def policy_comparison(path, title: str, summaries: Mapping[str, Mapping[str, float]],
                       occupancy: Mapping[str, tuple[np.ndarray, np.ndarray]],
-                      focus_group: str) -> None:
-    """One run's policies side by side, three panels: hit ratio and P95 TTFT of the judged
-    population per policy, and the blocks ``focus_group`` occupies over time under each policy.
+                      focus_group: str, tenants=None, max_tenants: int = 16) -> None:
+    """One run's policies side by side: hit ratio and P95 TTFT of the judged population per
+    policy, and the blocks ``focus_group`` occupies over time under each policy; with
+    ``tenants``, a second row: each tenant's hit ratio and P95 TTFT under each policy.
 
     Args:
         summaries: policy -> its run summary (:func:`prefixshield.simulator.metrics.summarize`:
             ``population``, ``hit_ratio``, ``p95_ttft_s``).
         occupancy: policy -> ``(times, blocks)``: the blocks ``focus_group`` held, a step
             function over simulated time.
+        tenants: a per-tenant frame (:func:`prefixshield.experiments.tenant_view.tenant_frame`:
+            ``policy``, ``group``, ``requests``, ``hit_ratio``, ``p95_ttft_s``), or None.
+        max_tenants: the busiest tenants drawn (the title says how many are left out).
     """
     plt = _plt()
     names = list(summaries)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), gridspec_kw={"width_ratios": [1, 1, 2]})
+    rows = 2 if tenants is not None and len(tenants) else 1
+    fig = plt.figure(figsize=(15, 4.2 * rows))
+    grid = fig.add_gridspec(rows, 4)
+    axes = [fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1]),
+            fig.add_subplot(grid[0, 2:])]
     pop = summaries[names[0]]["population"] if names else "all"
     x = np.arange(len(names))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -187,8 +201,9 @@ def policy_comparison(path, title: str, summaries: Mapping[str, Mapping[str, flo
     axes[0].set_ylim(0, 100)
     axes[1].bar(x, [summaries[p]["p95_ttft_s"] for p in names], color=colors[: len(names)])
     axes[1].set_ylabel(f"P95 TTFT of {pop} requests (s)")
+    long = sum(len(p) for p in names) > 24  # names that would run into each other
     for ax in axes[:2]:
-        ax.set_xticks(x, names)
+        ax.set_xticks(x, names, rotation=25 if long else 0, ha="right" if long else "center")
     for i, p in enumerate(names):
         t, blocks = occupancy[p]
         axes[2].step(t, blocks, where="post", label=p, color=colors[i % len(colors)])
@@ -196,5 +211,39 @@ def policy_comparison(path, title: str, summaries: Mapping[str, Mapping[str, flo
     axes[2].set_ylabel(f"blocks held by group '{focus_group}'")
     axes[2].set_ylim(0, None)
     axes[2].legend(title="policy")
+    if rows == 2:
+        _tenant_bars(fig, grid, tenants, names, colors, max_tenants)
     fig.suptitle(title)
     _save(fig, path)
+
+
+def _tenant_bars(fig, grid, tenants, names, colors, max_tenants: int) -> None:
+    """The per-tenant row of :func:`policy_comparison`: grouped bars, one group per tenant
+    (the busiest ``max_tenants``), one bar per policy."""
+    from prefixshield.experiments.tenant_view import by_tenant
+
+    req = tenants.groupby("group", sort=False)["requests"].max()
+    order = list(dict.fromkeys(by_tenant(tenants)[0]["group"]))
+    if len(order) > max_tenants:
+        keep = set(req.sort_values(ascending=False, kind="stable").index[:max_tenants])
+        order = [g for g in order if g in keep]
+    left = len(req) - len(order)
+    w = 0.8 / max(len(names), 1)
+    xs = np.arange(len(order))
+    for j, (metric, label, scale) in enumerate((("hit_ratio", "hit ratio (%)", 100.0),
+                                                ("p95_ttft_s", "P95 TTFT (s)", 1.0))):
+        ax = fig.add_subplot(grid[1, 2 * j:2 * j + 2])
+        for i, p in enumerate(names):
+            sub = tenants[tenants["policy"] == p].set_index("group")
+            vals = [scale * float(sub[metric].get(g, np.nan)) for g in order]
+            ax.bar(xs + (i - (len(names) - 1) / 2) * w, vals, w, label=p,
+                   color=colors[i % len(colors)])
+        ax.set_xticks(xs, order, rotation=30 if len(order) > 6 else 0, ha="right"
+                      if len(order) > 6 else "center")
+        ax.set_ylabel(f"{label} of the tenant's measured requests")
+        ax.set_title(f"per tenant: {label}" + (f" ({left} smaller tenants not drawn)"
+                                               if left else ""))
+        if metric == "hit_ratio":
+            ax.set_ylim(0, 100)
+        # beside the axes: bars of every height stay visible
+        ax.legend(title="policy", fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))

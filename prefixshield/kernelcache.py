@@ -94,3 +94,18 @@ def configure() -> Path | None:
     if numba_config is not None:
         numba_config.CACHE_DIR = str(path)
     return path
+
+
+def is_warm(environ=None, package_dir: Path = PACKAGE_DIR) -> bool:
+    """Whether this version's kernel cache already holds the engine loop's compiled kernels
+    (the numba index of ``simulator/fused.py``'s ``run_loop``): if not, the first simulation
+    compiles them (about a minute), and a command says so. A policy's own kernels may still
+    compile on its first run."""
+    try:
+        path = cache_path(environ, package_dir)
+    except RuntimeError:
+        return False
+    try:
+        return any(path.glob("**/fused.run_loop-*.nbi"))
+    except OSError:
+        return False

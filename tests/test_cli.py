@@ -144,30 +144,30 @@ def test_result_files_get_ordinary_permissions(tmp_path):
     assert mode == 0o666 & ~umask
 
 
-# ------------------------------------------------------------------- one policy never sinks a run
+# ------------------------------------------- a pool a policy cannot serve is refused up front
 BIG = ["--set", "prefix_tokens=6144", "--set", "base_rate=0.3", "--set", "duration_s=8"]
 """A 388-block prompt: more than static_quota's 255-block share of two tenants at 512 blocks."""
+REFUSED = ("under static_quota, request 0 of group 'victim' needs 386 blocks of prompt and "
+           "output but a group may hold at most 255 of 512 (its share: 511 usable blocks over 2 "
+           "groups): it could never be admitted; the smallest pool that serves it is 773 blocks")
 
 
-def test_a_policy_that_cannot_serve_the_trace_fails_alone_in_run(tmp_path):
+@pytest.mark.parametrize("command", ["run", "compare"])
+def test_a_pool_a_policy_cannot_serve_is_refused_before_any_simulation(tmp_path, command):
     out = tmp_path / "iso"
-    r = invoke("run", "one_touch", "-p", "lru,static_quota", *BIG, "--out", out)
-    assert r.exit_code == 0, r.output
-    assert "static_quota failed: request 0 of group 'victim' can never be admitted" in \
-        " ".join(r.output.split())
-    summary = pd.read_csv(out / "summary.csv")
-    assert dict(zip(summary["policy"], summary["status"])) == {"lru": "ok",
-                                                               "static_quota": "failed"}
-    assert (out / "lru" / "records.parquet").exists() and not (out / "static_quota").exists()
-    r = invoke("run", "one_touch", "-p", "static_quota", *BIG)
-    assert r.exit_code == 1 and "no policy could serve this trace" in r.output
+    extra = ["--out", out] if command == "run" else ["--seeds", "2"]
+    r = invoke(command, "one_touch", "-p", "lru,static_quota", *BIG, *extra)
+    assert r.exit_code == 1, r.output
+    assert REFUSED in " ".join(r.output.split())
+    assert "simulating" not in r.output and "seed 0:" not in r.output
+    assert not out.exists()
 
 
-def test_a_policy_that_cannot_serve_the_trace_fails_alone_in_compare():
-    r = invoke("compare", "one_touch", "-p", "lru,static_quota", *BIG, "--seeds", "2")
+def test_the_smallest_pool_named_serves_the_request():
+    r = invoke("run", "one_touch", "-p", "static_quota", *BIG, "--blocks", "773")
     assert r.exit_code == 0, r.output
-    text = " ".join(r.output.split())
-    assert "static_quota failed on 2 of 2 seeds" in text and "lru" in text
+    r = invoke("run", "one_touch", "-p", "static_quota", *BIG, "--blocks", "772")
+    assert r.exit_code == 1 and "smallest pool that serves it is 773 blocks" in r.output
 
 
 def test_a_narrower_rerun_replaces_the_whole_results_folder(tmp_path):

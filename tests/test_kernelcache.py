@@ -63,3 +63,16 @@ def test_a_fresh_process_caches_kernels_in_the_digest_directory(tmp_path):
     expected = tmp_path / f"kernels-{kernelcache.digest()}"
     assert got["env"] == str(expected)
     assert Path(got["path"]).is_relative_to(expected)
+
+
+def test_is_warm_says_whether_the_engine_loop_is_compiled(tmp_path):
+    from prefixshield.kernelcache import cache_path, is_warm
+
+    env = {"NUMBA_CACHE_DIR": str(tmp_path)}
+    assert not is_warm(env)  # a command then says numba is compiling
+    where = cache_path(env) / "simulator_abc"
+    where.mkdir(parents=True)
+    (where / "lru._replay-12.py311.nbi").write_bytes(b"")
+    assert not is_warm(env)  # a policy's kernel alone does not make the loop warm
+    (where / "fused.run_loop-470.py311.nbi").write_bytes(b"")
+    assert is_warm(env)

@@ -23,6 +23,7 @@ from rich.console import Console  # noqa: E402
 
 # SEED is re-exported: the command modules take their option types from here.
 from prefixshield.edges import MAX_WORKERS, SEED, count, finite  # noqa: E402,F401
+from prefixshield.edges import DEFAULT_AUTO_FRACTION, AutoBlocks  # noqa: E402
 
 
 def _make_console() -> Console:
@@ -211,11 +212,37 @@ def _load_numba_target() -> None:
 
 
 
+class _Blocks(click.ParamType):
+    """``--blocks``: an integer >= 2 (:data:`prefixshield.edges.MAX_INT` at most), or
+    ``auto[:FRACTION]`` (a :class:`prefixshield.experiments.sizing.AutoBlocks`, sized from the
+    trace file when it is read)."""
+
+    name = "N|auto[:F]"
+
+    def convert(self, value, param, ctx):
+        if not isinstance(value, str) or not value.strip().lower().startswith("auto"):
+            return count(2).convert(value, param, ctx)
+        head, sep, frac = value.strip().partition(":")
+        if head.lower() != "auto":
+            self.fail(f"expected an integer >= 2 or auto[:FRACTION], got {value!r}", param, ctx)
+        try:
+            f = float(frac) if sep else DEFAULT_AUTO_FRACTION
+            return AutoBlocks(f)
+        except ValueError as e:
+            msg = str(e) if "FRACTION" in str(e) else f"FRACTION must be a number, got {frac!r}"
+            self.fail(msg, param, ctx)
+
+
 def _engine_options(fn):
     opts = [
-        click.option("--blocks", "num_blocks", type=count(2), default=512,
+        click.option("--blocks", "num_blocks", type=_Blocks(), default="512",
                      show_default=True,
-                     help="KV blocks configured, null block included (usable = blocks - 1)."),
+                     help="KV blocks configured, null block included (usable = blocks - 1); "
+                          "or, for a trace file, auto[:FRACTION]: FRACTION x the trace's "
+                          "unique blocks (distinct block hashes of its prompts and outputs) + "
+                          f"1 [FRACTION default: {DEFAULT_AUTO_FRACTION:g}], raised if needed "
+                          "to the smallest pool in which every request can be admitted under "
+                          "every policy given (the run prints how it sized the pool)."),
         click.option("--block-size", type=POSITIVE, default=16, show_default=True,
                      help="Tokens per KV block."),
         click.option("--compat", "vllm_compat", type=click.Choice(["0.10", "current"]),
@@ -484,3 +511,67 @@ def _workload_options(fn):
                         help="Nominal load: base arrival rate = alpha x C_prefill of the "
                              "profile.")(fn)
 
+
+
+class Stages:
+    """What a command is doing, as it does it: on a terminal a rich display (a spinner, the
+    stage, a bar over the steps and the elapsed time); otherwise (a log, a pipe, a test) one
+    line per stage as it starts, and one when a step ends.
+
+    Use as a context manager; :meth:`stage` starts a stage (``step=True``: one of the ``total``
+    steps the bar counts), :meth:`done` ends a step with a line saying what it did."""
+
+    def __init__(self, total: int = 0, out: Console | None = None) -> None:
+        self.out = out or console
+        self.total = total
+        self.live = self.out.is_terminal
+        self._progress = None
+        self._task = None
+
+    def __enter__(self) -> "Stages":
+        if self.live:
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
+                                       TextColumn, TimeElapsedColumn)
+
+            self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"),
+                                      BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                      console=self.out, transient=True)
+            self._progress.__enter__()
+            self._task = self._progress.add_task("", total=self.total or None)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+    def stage(self, text: str) -> None:
+        """Start a stage described by ``text``."""
+        if self._progress is not None:
+            self._progress.update(self._task, description=text)
+        else:
+            self.out.print(f"{text}...")
+            self._flush()
+
+    def done(self, text: str | None = None) -> None:
+        """End a step (the bar advances); ``text``: a line saying what it did."""
+        if self._progress is not None:
+            self._progress.advance(self._task)
+        if text:
+            self.out.print(text)
+            self._flush()
+
+    def _flush(self) -> None:
+        # a pipe or a log file gets the line now, not when the buffer fills or the run ends
+        try:
+            self.out.file.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+
+
+def compile_note() -> str:
+    """`` (first run of these kernel sources: numba compiles them, about a minute; later runs
+    load them)`` when the kernel cache is cold, else ``""``."""
+    from prefixshield.kernelcache import is_warm
+
+    return ("" if is_warm() else " (first run of these kernels: numba compiles them, about a "
+            "minute; later runs load them from the cache)")

@@ -102,7 +102,8 @@ def _report(store) -> None:
         sections = build_report(store)
     n_tables = sum(len(s.tables) for s in sections)
     n_figs = sum(len(s.figures) for s in sections)
-    console.print(f"wrote {n_tables} tables, {n_figs} figures and index.md to {store.root}/")
+    console.print(f"wrote {n_tables} tables, {n_figs} figures, index.md and report.html (one "
+                  f"self-contained page: open it in a browser) to {store.root}/")
 
 
 def _command_line() -> str:
@@ -293,8 +294,22 @@ def reproduce(quick, seeds, compat, profile, out_dir, only, executor, workers, a
 @click.option("--quiet", is_flag=True, help="Do not print the paired tables.")
 @_user_errors
 def report(store_dir, quiet):
-    """Rebuild every table, figure and index.md of a results store from its cells alone."""
-    from prefixshield.experiments.store import ResultsStore
+    """Rebuild every table, figure, index.md and report.html of a results store from its cells
+    alone; for a `run --out` folder, write its report.html.
+
+    report.html is one self-contained page (tables, figures inline, no server): open it in a
+    browser."""
+    from prefixshield.experiments.html_report import is_run_dir, run_report
+    from prefixshield.experiments.store import STORE_FILE, ResultsStore
+
+    if not (Path(store_dir) / STORE_FILE).exists() and is_run_dir(Path(store_dir)):
+        out = run_report(store_dir)
+        console.print(f"wrote {out} (one self-contained page: open it in a browser)")
+        return
+    if not (Path(store_dir) / STORE_FILE).exists():
+        raise click.ClickException(f"{store_dir}: not a results store (no {STORE_FILE}; made "
+                                   "by sweep or reproduce) and not a run's --out folder (no "
+                                   "summary.csv and config.json)")
 
     store = ResultsStore.open(store_dir)
     if not store.done():

@@ -10,10 +10,10 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from prefixshield.cli.common import (SEED, _engine_options, _fleet_options, _load_numba_target,
-                                     _loading,
-                                     _policy_names, _refuse_option_keys, _scheduler_options,
-                                     _user_errors, _workload_names, _workload_options,
+from prefixshield.cli.common import (SEED, AutoBlocks, Stages, _engine_options, _fleet_options,
+                                     _load_numba_target, _loading, compile_note,
+                                     _policy_names, _scheduler_options,
+                                     _user_errors, _workload_options,
                                      _workload_overrides, console, count, finite,
                                      fleet_executor)
 from prefixshield.edges import MAX_SEEDS
@@ -35,6 +35,14 @@ _CONTRACTS = click.option(
          "built as without it; only the policies' contracts change).")
 
 
+_SCALE_TO_ENGINE = click.option(
+    "--scale-to-engine", "scale_to_load", type=finite(0, 10, min_open=True), default=None,
+    metavar="LOAD",
+    help="Trace files: rescale arrival times (one factor) so the trace's mean rate is LOAD x "
+         "C_prefill of this profile and engine, measured with the trace's own request shapes "
+         "(order, burstiness and prefixes kept; gaps scaled).")
+
+
 @click.command()
 @click.argument("workload")
 @click.option("--policy", "-p", "policies", multiple=True, default=("lru",), show_default=True,
@@ -49,16 +57,13 @@ _CONTRACTS = click.option(
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Write records, summaries and config here.")
 @click.option("--plot/--no-plot", default=True, show_default=True,
-              help="With --out: write comparison.png.")
+              help="With --out: write comparison.png (report.html, one self-contained page, "
+                   "is written either way).")
 @click.option("--check-invariants", is_flag=True,
               help="Verify the block pool's invariants after every step (slow).")
 @_C_PREFILL_BASIS
 @_CONTRACTS
-@click.option("--scale-to-engine", "scale_to_load", type=finite(0, 10, min_open=True),
-              default=None, metavar="LOAD",
-              help="Trace files: rescale arrival times (one factor) so the trace's mean rate is "
-                   "LOAD x C_prefill of this profile and engine, measured with the trace's own "
-                   "request shapes (order, burstiness and prefixes kept; gaps scaled).")
+@_SCALE_TO_ENGINE
 @click.option("--stream", is_flag=True,
               help="Stream the trace through the engine in windows of requests, so memory does "
                    "not grow with its length (10^7 requests and more). Needs --out: records, "
@@ -80,7 +85,7 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
         from prefixshield.experiments.single import (RunSpec, build_trace, check_out_dir,
                                                      is_trace_file, run_policies,
                                                      write_outputs)
-        from prefixshield.simulator.config import EngineConfig
+        from prefixshield.experiments.sizing import check_admissible
         from prefixshield.simulator.costmodel import load_profile
 
         _load_numba_target()
@@ -89,36 +94,57 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
     if out_dir:
         # before minutes of simulation, not after
         check_out_dir(out_dir, inputs=[workload] if is_trace_file(workload) else [])
-    engine = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=max_num_batched_tokens, vllm_compat=vllm_compat,
-                          check_invariants=check_invariants, scheduler=scheduler)
-    spec = RunSpec(workload=workload, policies=_policy_names(policies), engine=engine,
+    names = _policy_names(policies)
+    if stream and isinstance(num_blocks, AutoBlocks):
+        raise click.BadParameter("auto counts the unique blocks of the whole trace, which "
+                                 "--stream never holds: give --blocks N", param_hint="--blocks")
+    engine, sizing = _engine(workload, names, num_blocks, block_size, max_num_seqs,
+                             max_num_batched_tokens, vllm_compat, scheduler, check_invariants)
+    spec = RunSpec(workload=workload, policies=names, engine=engine,
                    profile=load_profile(profile), alpha=alpha, seed=seed, overrides=typed,
                    scale_to_load=scale_to_load, c_prefill_basis=c_prefill_basis, fleet=fleet)
     if stream:
         _run_stream(spec, out_dir, contracts_mode)
         return
-    trace, info = build_trace(spec)
-    _print_header(workload, trace, spec, info)
-    if "time_factor" in info:
-        console.print(f"arrivals scaled by {info['time_factor']:.3g} to {info['scale_to_load']:g}"
-                      f" x C_prefill {info['c_prefill_req_per_s']:.3g} req/s = "
-                      f"{info['base_rate_req_per_s']:.3g} req/s (measured: "
-                      f"{info['c_prefill_probe']})")
+    with Stages() as stages:
+        # the C_prefill probe runs the engine: the first compilation may happen here
+        stages.stage(f"building the trace of {workload}{compile_note()}")
+        _check_pool(spec)
+        trace, info = build_trace(spec)
+        check_admissible(trace, spec.engine, spec.policies, workload)
+    spec = _trace_priorities(spec, trace)
+    _print_header(workload, trace, spec, info, sizing)
+    if sizing:
+        info = {**info, "blocks_sizing": sizing}  # config.json says how the pool was sized
     if contracts_mode == "fit":
         spec, info = _fit_contracts(trace, spec, info)
     timings: dict[str, float] = {}
     failures: dict[str, str] = {}
-    with console.status("simulating...") as status, fleet_executor(executor_spec) as ex:
-        done = _on_done(status, timings, lambda name, _result, s: f"simulated {name} in {s:.2f} s")
+    with Stages(total=len(names)) as stages, fleet_executor(executor_spec) as ex:
+        note = [compile_note()]
+        where = "" if fleet is None else f" on {fleet.replicas} replicas"
 
-        results = run_policies(trace, spec, on_done=done, failures=failures, executor=ex)
+        def start(name):
+            stages.stage(f"simulating {name}{where} ({len(timings) + len(failures) + 1} of "
+                         f"{len(names)}){note[0]}")
+            note[0] = ""
+
+        done = _on_done(stages, timings, lambda name, _result, s: f"simulated {name} in {s:.2f} s")
+        results = run_policies(trace, spec, on_done=done, failures=failures, executor=ex,
+                               on_start=start)
     _print_summary(results, timings, failures)
+    tenants = _print_tenants(results)
     _print_debt_warning(results)
     if fleet is not None:
         _print_fleet(results)
     if out_dir:
         def figures(folder: Path) -> list[Path]:
+            from prefixshield.experiments.html_report import run_report
+
+            made = _figure(folder)
+            return made + [run_report(folder)]
+
+        def _figure(folder: Path) -> list[Path]:
             if not (plot and results):
                 return []
             from prefixshield.figures import policy_comparison
@@ -129,10 +155,11 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
             if focus not in groups:
                 focus = groups[0] if groups else ""
             png = folder / "comparison.png"
-            policy_comparison(png, f"{workload} - {spec.profile.name}, {num_blocks} blocks, "
+            policy_comparison(png, f"{workload} - {spec.profile.name}, "
+                              f"{spec.engine.num_blocks} blocks, "
                               f"seed {seed}", {p: summarize(r) for p, r in results.items()},
                               {p: (r.occupancy_t, r.occupancy[:, r.groups.index(focus)])
-                               for p, r in results.items()}, focus)
+                               for p, r in results.items()}, focus, tenants=tenants)
             return [png]
 
         written = write_outputs(out_dir, spec, trace, info, results, failures, extra=figures)
@@ -149,63 +176,100 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
 @_scheduler_options
 @_fleet_options
 @click.option("--seeds", type=count(1, MAX_SEEDS), default=10, show_default=True,
-              help="Paired runs: seeds 0..N-1, every policy on the identical trace per seed.")
+              help="Paired runs: seeds 0..N-1, every policy on the identical trace per seed. "
+                   "A generated workload: its trace seed. A trace file: bootstrap replicate "
+                   "N of its sessions (see below).")
 @_workload_options
 @_C_PREFILL_BASIS
 @_CONTRACTS
+@_SCALE_TO_ENGINE
 @click.option("--out", "out_csv", type=click.Path(dir_okay=False), default=None,
               help="Write per-run rows and the paired table as CSV (OUT and OUT.paired.csv).")
 @_user_errors
 def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
             max_num_batched_tokens, profile, scheduler, fleet, executor_spec, seeds, alpha,
-            overrides, c_prefill_basis, contracts_mode, out_csv):
-    """Paired comparison of policies on a generated WORKLOAD over several seeds.
+            overrides, c_prefill_basis, contracts_mode, scale_to_load, out_csv):
+    """Paired comparison of policies on WORKLOAD over several seeds.
 
-    Prints the mean hit ratio and P95 TTFT of the judged requests per policy, and the paired
-    difference to the first policy with a 95% bootstrap CI (10,000 resamples, fixed seed).
-    With --contracts fit, the contracts are fitted once, on seed 0's trace, and every seed
-    runs under them.
+    WORKLOAD is a generated workload or a trace .parquet file. Prints the mean hit ratio and
+    P95 TTFT of the judged requests per policy, and the paired difference to the first policy
+    with a 95% bootstrap CI (10,000 resamples, fixed seed). With --contracts fit, the
+    contracts are fitted once, on seed 0's trace, and every seed runs under them.
+
+    A trace file is one observation; its seeds are replicates drawn by a bootstrap over its
+    sessions (a session: a group and prefix_id, the unit the importers keep together, e.g. a
+    conversation or a Mooncake prefix root). Seed N draws as many sessions as the file has,
+    with replacement (seed N of numpy's default generator), each with all its requests at
+    their own arrival times (after --scale-to-engine); a session drawn twice is a second
+    session of the same shape, its private content renamed so that it never hits its twin,
+    its content shared with other sessions (a system prompt) kept. The tenant assignment is
+    the file's own and is not re-dealt. The CI is then over which sessions arrived.
     """
-    from rich.progress import Progress
+    with _loading():
+        from prefixshield.atomic import write_with
+        from prefixshield.experiments.analysis import fmt_ci
+        from prefixshield.experiments.contract_fit import debt_warning
+        from prefixshield.experiments.paired import paired_table, run_paired
+        from prefixshield.experiments.single import RunSpec, build_trace, is_trace_file
+        from prefixshield.experiments.sizing import check_admissible
+        from prefixshield.experiments.tenant_view import results_tenant_frame
+        from prefixshield.simulator.costmodel import load_profile
 
-    from prefixshield.atomic import write_with
-    from prefixshield.experiments.overrides import parse_overrides
-    from prefixshield.experiments.analysis import fmt_ci
-    from prefixshield.experiments.paired import paired_table, run_paired
-    from prefixshield.experiments.single import RunSpec, build_trace
-    from prefixshield.simulator.config import EngineConfig
-    from prefixshield.simulator.costmodel import load_profile
-    from prefixshield.workloads import WORKLOADS
-
-    if workload not in WORKLOADS:
-        raise click.BadParameter(f"unknown workload {workload!r}; known: {_workload_names()}",
-                                 param_hint="WORKLOAD")
     if seeds < 1:
         raise click.BadParameter("must be >= 1", param_hint="--seeds")
-    _refuse_option_keys(overrides)
-    typed = parse_overrides(WORKLOADS[workload].params_type, overrides)
-    engine = EngineConfig(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=max_num_batched_tokens, vllm_compat=vllm_compat,
-                          scheduler=scheduler)
+    typed = _workload_overrides(workload, overrides)
     names = _policy_names(policies)
+    engine, sizing = _engine(workload, names, num_blocks, block_size, max_num_seqs,
+                             max_num_batched_tokens, vllm_compat, scheduler)
+    trace_file = is_trace_file(workload)
     spec = RunSpec(workload=workload, policies=names, engine=engine,
                    profile=load_profile(profile), alpha=alpha, overrides=typed,
-                   c_prefill_basis=c_prefill_basis, fleet=fleet)
-    trace0, info0 = build_trace(spec)
-    _print_header(workload, trace0, spec, info0)
+                   c_prefill_basis=c_prefill_basis, fleet=fleet, scale_to_load=scale_to_load,
+                   resample="sessions" if trace_file else None)
+    with Stages() as stages:
+        stages.stage(f"building seed 0's trace of {workload}{compile_note()}")
+        _check_pool(spec)
+        trace0, info0 = build_trace(spec)
+        check_admissible(trace0, spec.engine, spec.policies, workload)
+    _print_header(workload, trace0, spec, info0, sizing)
+    if trace_file:
+        b = info0["bootstrap"]
+        console.print(f"replicates: seeds 0..{seeds - 1} are bootstrap draws of the file's "
+                      f"{b['sessions']:,} sessions (group, prefix_id; {b['file_requests']:,} "
+                      "requests) with replacement, each "
+                      "with all its requests at their own times; a session drawn again is a "
+                      "new one of the same shape (private content renamed, shared content "
+                      f"kept); the tenant assignment is the file's. Seed 0: "
+                      f"{b['sessions_drawn']:,} distinct sessions, {b['requests']:,} requests.")
     fitted = _fit_contracts(trace0, spec, info0)[0].contracts if contracts_mode == "fit" \
         else None
-    with Progress(console=console, transient=True) as progress, \
-            fleet_executor(executor_spec) as ex:
-        task = progress.add_task(f"{workload}: {len(names)} policies x {seeds} seeds",
-                                 total=seeds)
-        runs = run_paired(spec, list(range(seeds)),
-                          on_seed=lambda _s: progress.advance(task), contracts=fitted,
-                          executor=ex)
+    tenant_rows: list = []
+    warnings: dict[int, str] = {}
+
+    def guard(seed, results):
+        tenant_rows.append(results_tenant_frame(results).assign(seed=seed))
+        msg = debt_warning(results)
+        if msg:
+            warnings[seed] = msg
+
+    with Stages(total=seeds) as stages, fleet_executor(executor_spec) as ex:
+        t0 = [time.perf_counter()]
+        where = "" if fleet is None else f" on {fleet.replicas} replicas"
+        stages.stage(f"seed 0 of {seeds}: {len(names)} policies{where}{compile_note()}")
+
+        def on_seed(s):
+            stages.done(f"seed {s}: {len(names)} policies in {time.perf_counter() - t0[0]:.2f} s")
+            t0[0] = time.perf_counter()
+            if s + 1 < seeds:
+                stages.stage(f"seed {s + 1} of {seeds}: {len(names)} policies{where}")
+
+        runs = run_paired(spec, list(range(seeds)), on_seed=on_seed, contracts=fitted,
+                          executor=ex, on_results=guard)
     table_df = paired_table(runs, baseline=names[0],
                             metrics=("hit_ratio", "token_hit_ratio", "p95_ttft_s",
                                      "arrival_hit_ratio", "p95_queue_s"))
-    table = Table(title=f"{workload}: paired over {seeds} seeds; differences vs {names[0]} "
+    over = "session-bootstrap replicates" if trace_file else "seeds"
+    table = Table(title=f"{workload}: paired over {seeds} {over}; differences vs {names[0]} "
                         "(95% bootstrap CI)")
     attack = ("attacker_pressure_ratio" in runs
               and bool(runs["attacker_pressure_ratio"].notna().any()))
@@ -245,24 +309,81 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
         console.print(f"[yellow]{r['policy']} failed on {r['failed']} of {seeds} seeds[/]: "
                       f"{r['error']}" + ("; its means and differences are over the seeds it "
                                          "served" if r["runs"] else ""))
+    if warnings:
+        first = min(warnings)
+        console.print(f"[yellow]warning[/] on {len(warnings)} of {seeds} seeds (seed {first}): "
+                      f"{warnings[first]}")
+    tenants = _print_compare_tenants(tenant_rows, seeds, out_csv)
     if out_csv:
         write_with(out_csv, lambda tmp: runs.to_csv(tmp, index=False))
         write_with(f"{out_csv}.paired.csv", lambda tmp: table_df.to_csv(tmp, index=False))
-        console.print(f"wrote {out_csv} and {out_csv}.paired.csv")
+        write_with(f"{out_csv}.tenants.csv", lambda tmp: tenants.to_csv(tmp, index=False))
+        console.print(f"wrote {out_csv}, {out_csv}.paired.csv and {out_csv}.tenants.csv "
+                      "(per tenant, per seed)")
 
 
-def _print_header(workload, trace, spec, info) -> None:
-    """What runs: the trace, the engine and profile, and how the load was sized."""
+def _print_compare_tenants(tenant_rows: list, seeds: int, out_csv):
+    """The per-tenant table of a paired comparison: each tenant under each policy, the mean
+    over the seeds that policy served; returns the per-seed rows (one frame)."""
+    import pandas as pd
+
+    from prefixshield.cli.tenant_summary import print_tenant_table
+    from prefixshield.experiments.tenant_view import mean_over_seeds
+
+    rows = pd.concat(tenant_rows, ignore_index=True) if tenant_rows else pd.DataFrame()
+    if rows.empty:
+        return rows
+    print_tenant_table(console, mean_over_seeds(rows),
+                       f"per tenant: mean over {seeds} seeds, every policy",
+                       where=f"{out_csv}.tenants.csv" if out_csv else "--out FILE.tenants.csv")
+    return rows
+
+
+def _print_tenants(results):
+    """The per-tenant table of a run's policies (every policy, tenant by tenant); returns its
+    frame (:func:`~prefixshield.experiments.tenant_view.results_tenant_frame`)."""
+    from prefixshield.cli.tenant_summary import print_tenant_table
+    from prefixshield.experiments.tenant_view import results_tenant_frame
+
+    df = results_tenant_frame(results)
+    print_tenant_table(console, df, "per tenant: measured requests of each group, every policy",
+                       where="each policy's groups.csv")
+    return df
+
+
+def _trace_priorities(spec, trace):
+    """``spec`` with the trace's own tenant priorities (a tenant map's ``priority`` column)
+    under ``--scheduler priority`` without ``--priority``; says so when it uses them."""
+    from prefixshield.experiments.tenant_priorities import with_trace_priorities
+
+    spec, used = with_trace_priorities(spec, trace)
+    if used:
+        console.print("priorities from the trace's tenant map: "
+                      + ", ".join(f"{g}={p}" for g, p in used.items()))
+    return spec
+
+
+def _print_header(workload, trace, spec, info, sizing=None) -> None:
+    """What runs: the trace, the engine and profile (``sizing``: how ``--blocks auto`` sized
+    the pool), and how the load was sized."""
     e = spec.engine
     console.print(f"[bold]{workload}[/]: {len(trace)} requests, {len(trace.group_names())} "
                   f"groups; profile {spec.profile.name} ({spec.profile.provenance['status']}); "
                   f"{e.num_blocks} blocks x {e.block_size} tokens; vLLM compat {e.vllm_compat}")
+    if sizing:
+        console.print(sizing)
     if spec.fleet is not None:
         f = spec.fleet
         console.print(f"fleet: {f.replicas} replicas of that engine behind router "
                       f"{f.router.name} ({f.resolved_mode()} run)")
     if not e.scheduler.is_default:
         console.print(f"scheduler: {_scheduler_text(e.scheduler)}")
+    if "time_factor" in info:
+        console.print(f"arrivals scaled by {info['time_factor']:.3g} to {info['scale_to_load']:g}"
+                      f" x C_prefill {info['c_prefill_req_per_s']:.3g} req/s = "
+                      f"{info['base_rate_req_per_s']:.3g} req/s (measured: "
+                      f"{info['c_prefill_probe']})")
+        return
     if "base_rate_req_per_s" not in info:
         return
     if info["c_prefill_req_per_s"] is None:
@@ -324,12 +445,17 @@ def _fmt(x: float, spec: str) -> str:
 def _print_fleet(results) -> None:
     """Per policy: the fleet's replicas (load, hits beside the infinite-cache bound, TTFT,
     queueing, blocks) and its tenants across the fleet."""
-    from prefixshield.fleet.metrics import fleet_summary, replica_table, tenant_table, with_bound
+    from prefixshield.fleet.metrics import (fleet_summary, replica_table, routing_warning,
+                                            tenant_table, with_bound)
 
     def f3(x):
-        return f"{x:.3f}"
+        return _fmt(x, ".3f")
 
+    warned: dict[str, list[str]] = {}
     for label, r in results.items():
+        msg = routing_warning(r)
+        if msg:
+            warned.setdefault(msg, []).append(label)
         rec = with_bound(r)
         s = fleet_summary(r, rec)
         ledger = ("" if s["ledger"] == "replica"
@@ -343,6 +469,10 @@ def _print_fleet(results) -> None:
         for col in cols:
             t.add_column(col, justify="right")
         for row in replica_table(r, rec).to_dict("records"):
+            if row["requests"] == 0:  # an idle replica has no figures, only its empty pool
+                t.add_row(str(row["replica"]), "0", "[yellow]idle[/]", *["-"] * 8,
+                          str(row["evictions"]))
+                continue
             t.add_row(str(row["replica"]), str(row["requests"]), f3(row["hit_ratio"]),
                       f3(row["bound_hit_ratio"]), f3(row["token_hit_ratio"]),
                       f3(row["bound_token_hit_ratio"]), f3(row["p95_ttft_s"]),
@@ -361,6 +491,9 @@ def _print_fleet(results) -> None:
                       f3(row["p95_ttft_s"]), f3(row["mean_queue_s"]), str(row["replicas"]),
                       f"{row['top_share']:.2f}")
         console.print(t)
+    for msg, labels in warned.items():
+        under = "" if len(labels) == len(results) else f" (under {', '.join(labels)})"
+        console.print(f"[yellow]warning[/]: {msg}{under}")
 
 
 def _run_stream(spec, out_dir, contracts_mode) -> None:
@@ -381,8 +514,9 @@ def _run_stream(spec, out_dir, contracts_mode) -> None:
                   f"compat {e.vllm_compat}")
     timings: dict[str, float] = {}
     failures: dict[str, str] = {}
-    with console.status("simulating (streamed)...") as status:
-        done = _on_done(status, timings, lambda name, r, s: (
+    with Stages(total=len(spec.policies)) as stages:
+        stages.stage(f"simulating (streamed){compile_note()}")
+        done = _on_done(stages, timings, lambda name, r, s: (
             f"simulated {name}: {r.requests:,} requests in {s:.2f} s, {r.num_windows:,} "
             "windows"))
 
@@ -394,16 +528,54 @@ def _run_stream(spec, out_dir, contracts_mode) -> None:
         raise click.ClickException("no policy could serve this trace (see the table)")
 
 
-def _on_done(status, timings: dict[str, float], describe):
+def _on_done(stages, timings: dict[str, float], describe):
     """A per-policy callback that times each run (seconds since the previous one, into
-    ``timings``) and shows ``describe(name, result, seconds)`` in ``status``."""
+    ``timings``) and ends its step of ``stages`` (a :class:`~prefixshield.cli.common.Stages`)
+    with the line ``describe(name, result, seconds)``."""
     t0 = [time.perf_counter()]
 
     def done(name, result):
         timings[name] = time.perf_counter() - t0[0]
         t0[0] = time.perf_counter()
-        status.update(describe(name, result, timings[name]))
+        stages.done(describe(name, result, timings[name]))
     return done
+
+
+def _check_pool(spec) -> None:
+    """A trace file's pool checked against its requests before anything is simulated (the
+    C_prefill probe of --scale-to-engine included): see
+    :func:`prefixshield.experiments.sizing.check_admissible`."""
+    from prefixshield.experiments.single import is_trace_file
+
+    if is_trace_file(spec.workload):
+        # Parquet I/O only when a file is read (as build_trace does)
+        from prefixshield.experiments.sizing import check_admissible
+        from prefixshield.traces.io import read_trace
+
+        check_admissible(read_trace(spec.workload), spec.engine, spec.policies, spec.workload)
+
+
+def _engine(workload, policies, num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
+            vllm_compat, scheduler, check_invariants=False):
+    """The run's ``EngineConfig`` and, for ``--blocks auto``, the line saying how the pool was
+    sized (:func:`prefixshield.experiments.sizing.resolve_auto`; None for a number)."""
+    from prefixshield.experiments.sizing import resolve_auto
+    from prefixshield.simulator.config import EngineConfig
+
+    placeholder = num_blocks if isinstance(num_blocks, int) else 512
+    engine = EngineConfig(num_blocks=placeholder, block_size=block_size,
+                          max_num_seqs=max_num_seqs,
+                          max_num_batched_tokens=max_num_batched_tokens, vllm_compat=vllm_compat,
+                          check_invariants=check_invariants, scheduler=scheduler)
+    if isinstance(num_blocks, int):
+        return engine, None
+    from prefixshield.experiments.single import is_trace_file
+
+    if not is_trace_file(workload):  # refused before the stage line (resolve_auto says why)
+        return resolve_auto(workload, engine, policies, num_blocks)
+    with Stages() as stages:
+        stages.stage("sizing the pool from the trace (--blocks auto)")
+        return resolve_auto(workload, engine, policies, num_blocks)
 
 
 def _print_summary(results, timings, failures=None) -> None:

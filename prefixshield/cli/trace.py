@@ -7,6 +7,7 @@ from rich.table import Table
 
 from prefixshield.cli.common import (POSITIVE, SEED, _user_errors, _workload_names, count, finite,
                                      _workload_options, console)
+from prefixshield.cli.tenant_summary import tenant_plan_lines
 
 
 @click.group()
@@ -66,18 +67,24 @@ def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, 
 @click.option("--groups", "num_groups", type=count(1, 10_000), default=1, show_default=True,
               help="Spread requests over this many groups (see --assign).")
 @click.option("--assign", type=click.Choice(["round_robin", "session", "prefix", "zipf",
-                                            "servegen", "map"]),
-              default="round_robin", show_default=True,
-              help="Tenant model: round_robin (records in file order); session (keep a "
-                   "conversation, or a Mooncake prefix root, in one group); prefix (Mooncake: "
-                   "root hash id mod groups; a root is a request's first block after the prefix "
-                   "every request shares); zipf (units to groups with shares 1/(g+1)^skew: "
-                   "heterogeneous tenants); servegen (shares of real production clients, "
-                   "<= 8 groups); map (--tenant-map CSV record,group[,contract]).")
+                                            "servegen", "map", "trace"]),
+              default=None,
+              help="Tenant model [default: trace where the trace has a tenant column, else "
+                   "round_robin]: round_robin (records in file order); session (keep a "
+                   "conversation, or a Mooncake root, in one group; a root is a request's first "
+                   "block after the prefix every request shares; with fewer roots than groups, "
+                   "roots are split by session: the block after the root's own shared prefix); "
+                   "prefix (Mooncake: root or session hash id mod groups); zipf (units to groups "
+                   "with shares 1/(g+1)^skew: heterogeneous tenants); servegen (shares of real "
+                   "production clients, <= 8 groups); map (--tenant-map CSV with a record "
+                   "column); trace (the trace's own tenant column, as it is).")
 @click.option("--tenant-skew", type=finite(0, 1e3, min_open=True), default=1.0,
               show_default=True, help="--assign zipf: the exponent of the group shares.")
 @click.option("--tenant-map", type=click.Path(dir_okay=False), default=None,
-              help="--assign map: CSV with columns record,group[,contract].")
+              help="CSV with columns group and optional record, contract, priority. With "
+                   "record (0-based record index in file order; every record once): the map "
+                   "model (--assign map). Without: one row per group giving the tenants of "
+                   "any other --assign their contract tier and scheduler priority.")
 @click.option("--allow-fewer-groups", is_flag=True,
               help="Accept a tenant model that leaves some of the --groups without requests "
                    "(otherwise an error).")
@@ -149,6 +156,8 @@ def trace_import(fmt, src, out, seed, num_groups, assign, tenant_skew, tenant_ma
     write_trace(tr, out)
     console.print(f"imported {len(tr)} requests from {src} to {out}{note}")
     _print_requests_per_group(tr)
+    for line in tenant_plan_lines(tr.meta):
+        console.print(line)
 
 
 def _print_requests_per_group(tr) -> None:
@@ -157,7 +166,7 @@ def _print_requests_per_group(tr) -> None:
     asked = list(tr.meta.get("requests_per_group", {})) or tr.group_names()
     have = tr.requests["group"].astype(str).value_counts()
     parts = [f"{g} {int(have.get(g, 0)):,}" for g in asked]
-    assign = tr.meta.get("assign", "-")
+    assign = tr.meta.get("assign") or "-"
     shared = tr.meta.get("shared_prefix_blocks", 0)
     skip = (f"; roots after the {shared} block{'s' if shared > 1 else ''} every request shares"
             if shared and assign in ("session", "prefix", "zipf", "servegen") else "")

@@ -22,7 +22,9 @@ LRU (never from a PrefixShield run):
   ``k = sum_fitted |G_c| rho_c / sum_fitted |G_c| rho_c^ref``, and ``beta_c = rho_c * T``.
 
 :func:`debt_warning` is the run-time guard: when every group is in debt for most of the
-measured window (:data:`MOST`), the contracts do not fit the deployment.
+measured window (:data:`MOST`), the contracts do not fit the deployment; when one tenant that
+is not an attacker is, creating at least :data:`FAR` times its refill, its contract does not
+fit that tenant.
 """
 
 from __future__ import annotations
@@ -38,7 +40,11 @@ from prefixshield.simulator.metrics import measured_window
 from prefixshield.tenancy import DEFAULT_CONTRACTS, Contract
 
 MOST = 0.5
-"""The guard fires when every group is in debt for more than this fraction of the window."""
+"""The guard fires when every group, or one tenant that is not an attacker, is in debt for
+more than this fraction of the window."""
+FAR = 2.0
+"""...and, for one tenant, when it also created at least this many times its refill (a tenant
+somewhat above its tier's mean is in debt by design under fitted contracts)."""
 
 
 @dataclass(frozen=True)
@@ -162,26 +168,71 @@ def debt_fractions(result: RunResult) -> dict[str, float]:
 
 
 def debt_warning(results: Mapping[str, RunResult]) -> str | None:
-    """The guard: None when the contracts fit, else a message naming the runs in which every
-    group was in debt for more than :data:`MOST` of the measured window, the contracts' refill
-    and the creation rates measured in the first such run (LRU's when it is among them)."""
-    fired = {}
+    """The guard: None when the contracts fit, else one message.
+
+    * When every group was in debt for more than :data:`MOST` of the measured window in some
+      run, the contracts do not fit the deployment: the message names those runs, the
+      contracts' refill and the creation rates measured in the first such run (LRU's when it
+      is among them).
+    * Otherwise, when some tenant that is not an attacker (role ``victim`` or ``benign``) was
+      in debt for more than :data:`MOST` of the window and created at least :data:`FAR` times
+      its refill, its contract does not fit it: the message names each such tenant with its
+      creation rate, its refill and their ratio, in the first such run (LRU's when it is
+      among them). An attacker is in debt by design and is never named.
+    """
+    fired, partial = {}, {}
     for label, r in results.items():
         frac = debt_fractions(r)
         if frac and all(f > MOST for f in frac.values()):
             fired[label] = min(frac.values())
-    if not fired:
+            continue
+        roles = dict(zip(r.records["group"].astype(str), r.records["role"].astype(str)))
+        over = {g: f for g, f in frac.items() if f > MOST and roles.get(g, "") != "attacker"}
+        if over:
+            far = _far_over(r, over)
+            if far:
+                partial[label] = far
+    if fired:
+        first = "lru" if "lru" in fired else next(iter(fired))
+        r = results[first]
+        used = dict.fromkeys(str(c) for c in r.records["contract"])
+        refill = ", ".join(f"{c} {r.contract_rho[r.contracts.index(c)]:g} blocks/s (burst "
+                           f"{r.contract_beta[r.contracts.index(c)]:g})" for c in used)
+        made = ", ".join(f"{g} {x:,.1f}" for (g, _c), x in creation_rates(r).items())
+        runs = ", ".join(f"{p} (least {100 * f:.0f}%)" for p, f in fired.items())
+        return (f"the contracts do not fit this deployment: every group was in debt for most "
+                f"of the measured window under {runs}. Refill: {refill}; measured creation "
+                f"under {first}: {made} blocks/s. Size the contracts to this trace and pool "
+                "with --contracts fit.")
+    if not partial:
         return None
-    first = "lru" if "lru" in fired else next(iter(fired))
+    first = "lru" if "lru" in partial else next(iter(partial))
     r = results[first]
-    used = dict.fromkeys(str(c) for c in r.records["contract"])
-    refill = ", ".join(f"{c} {r.contract_rho[r.contracts.index(c)]:g} blocks/s (burst "
-                       f"{r.contract_beta[r.contracts.index(c)]:g})" for c in used)
-    made = ", ".join(f"{g} {x:,.1f}" for (g, _c), x in creation_rates(r).items())
-    runs = ", ".join(f"{p} (least {100 * f:.0f}%)" for p, f in fired.items())
-    return (f"the contracts do not fit this deployment: every group was in debt for most of the "
-            f"measured window under {runs}. Refill: {refill}; measured creation under {first}: "
-            f"{made} blocks/s. Size the contracts to this trace and pool with --contracts fit.")
+    rates = creation_rates(r)
+    parts = []
+    for g, f in partial[first].items():
+        for (gg, c), x in rates.items():
+            if gg != g:
+                continue
+            rho = r.contract_rho[r.contracts.index(c)]
+            ratio = f", {x / rho:.1f}x its refill" if rho > 0 else ""
+            parts.append(f"{g} ({c}: refill {rho:g} blocks/s) created {x:,.1f} blocks/s"
+                         f"{ratio}, in debt {100 * f:.0f}% of the window")
+    return (f"a tenant's contract does not fit it under {first}: " + "; ".join(parts)
+            + f" (under {', '.join(partial)}). PrefixShield evicts an indebted tenant's "
+            "blocks first, as it would an attacker's; size the contracts to this trace and "
+            "pool with --contracts fit, or give the tenant a larger tier.")
+
+
+def _far_over(result: RunResult, groups: Mapping[str, float]) -> dict[str, float]:
+    """Those of ``groups`` (group -> debt fraction) that created at least :data:`FAR` times
+    the refill of one of their contracts in ``result``'s measured window."""
+    keep = {}
+    for (g, c), x in creation_rates(result).items():
+        rho = result.contract_rho[result.contracts.index(c)]
+        if g in groups and (rho <= 0 or x >= FAR * rho):
+            keep[g] = groups[g]
+    return keep
 
 
 def fit_to_trace(trace, spec) -> ContractFit:

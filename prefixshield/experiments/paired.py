@@ -13,13 +13,19 @@ from prefixshield.simulator.metrics import paired_difference, summarize
 
 def run_paired(spec: RunSpec, seeds: list[int],
                on_seed: Callable[[int], None] | None = None,
-               contracts: Mapping | None = None, executor: Any = None) -> pd.DataFrame:
+               contracts: Mapping | None = None, executor: Any = None,
+               on_results: Callable[[int, dict], None] | None = None) -> pd.DataFrame:
     """Run ``spec`` once per seed (the seed replaces ``spec.seed``); one row per (seed, policy)
     with ``status`` (``ok``, or ``failed`` with ``error`` when the policy cannot serve that
     seed's trace; its metrics are then NaN) and the
     :func:`~prefixshield.simulator.metrics.summarize` columns. ``contracts``, when given, are
     what the policies meter by; each seed's trace is still built with ``spec``'s own (so an
-    attack keeps its size). ``executor``: where a split fleet's replicas run (None: here)."""
+    attack keeps its size). ``executor``: where a split fleet's replicas run (None: here).
+    ``on_results(seed, results)``: each seed's runs (policy label -> ``RunResult``) as they end,
+    before they are dropped (the contract guard reads them); ``on_seed(seed)`` after it.
+
+    For a trace file the seeds are what ``spec.resample`` makes them (``"sessions"``: each a
+    bootstrap replicate of the file's trace, :mod:`prefixshield.traces.bootstrap`)."""
     rows = []
     for seed in seeds:
         s = replace(spec, seed=seed)
@@ -27,6 +33,8 @@ def run_paired(spec: RunSpec, seeds: list[int],
         failures: dict[str, str] = {}
         policy_spec = s if contracts is None else replace(s, contracts=contracts)
         results = run_policies(trace, policy_spec, failures=failures, executor=executor)
+        if on_results is not None:
+            on_results(seed, results)
         for label in s.policies:
             if label in results:
                 rows.append({"seed": seed, "policy": label, "status": "ok", "error": "",

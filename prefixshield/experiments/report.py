@@ -720,8 +720,10 @@ def build_sections(store: ResultsStore, cells: pd.DataFrame | None = None) -> li
 
 
 def build_report(store: ResultsStore) -> list[Section]:
-    """Write every table (``tables/NAME.md``, ``tables/NAME.csv``), figure (``figures/``) and
-    ``index.md`` of ``store`` from its cells; returns the sections."""
+    """Write every table (``tables/NAME.md``, ``tables/NAME.csv``), figure (``figures/``),
+    ``index.md`` and the self-contained ``report.html``
+    (:func:`~prefixshield.experiments.html_report.store_report`) of ``store`` from its cells;
+    returns the sections."""
     cells = store.load()
     sections = build_sections(store, cells)
     root = store.root
@@ -734,6 +736,9 @@ def build_report(store: ResultsStore) -> list[Section]:
             write_with(root / "tables" / f"{t.name}.csv",
                        lambda tmp, d=t.data: d.to_csv(tmp, index=False))
     write_text(root / "index.md", index_markdown(store, sections, cells))
+    from prefixshield.experiments.html_report import store_report
+
+    store_report(store, sections, cells)
     return sections
 
 

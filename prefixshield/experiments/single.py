@@ -39,6 +39,8 @@ from prefixshield.workloads import WORKLOADS, make_params, params_to_dict
 
 REFERENCE_BLOCKS = 512
 """The reference configuration's pool (511 usable blocks), where ``C_prefill`` is measured."""
+RESAMPLES = (None, "sessions")
+"""How a trace file's replicates are drawn (:attr:`RunSpec.resample`)."""
 C_PREFILL_BASES = ("reference", "capacity")
 """Where ``C_prefill`` is measured (:attr:`RunSpec.c_prefill_basis`)."""
 
@@ -69,6 +71,10 @@ class RunSpec:
             study's does); ``"capacity"`` on this run's own pool (rates grow with the cache).
         fleet: replicas and router (:class:`prefixshield.fleet.config.FleetConfig`); None:
             one engine, as before fleets existed.
+        resample: for a trace file: ``"sessions"`` makes the trace replicate ``seed`` of a
+            bootstrap over its sessions (:mod:`prefixshield.traces.bootstrap`; what
+            ``compare TRACE.parquet``'s seeds are), after any ``scale_to_load``; None: the
+            file's trace as it is (``seed`` unused).
     """
 
     workload: str
@@ -82,8 +88,12 @@ class RunSpec:
     scale_to_load: float | None = None
     c_prefill_basis: str = "reference"
     fleet: Any = None
+    resample: str | None = None
 
     def __post_init__(self) -> None:
+        if self.resample not in RESAMPLES:
+            raise ValueError(f"resample must be one of {', '.join(map(str, RESAMPLES))}, got "
+                             f"{self.resample!r}")
         if self.c_prefill_basis not in C_PREFILL_BASES:
             raise ValueError(f"c_prefill_basis must be one of {', '.join(C_PREFILL_BASES)}, got "
                              f"{self.c_prefill_basis!r}")
@@ -199,6 +209,14 @@ def build_trace(spec: RunSpec) -> tuple[Trace, dict]:
         trace, info = read_trace(spec.workload), {"trace_file": str(spec.workload)}
         if spec.scale_to_load is not None:
             trace, info = _scale_to_engine(trace, spec, info)
+        if spec.resample == "sessions":
+            from prefixshield.traces.bootstrap import session_bootstrap
+
+            trace = session_bootstrap(trace, spec.seed)
+            info = {**info, "bootstrap": trace.meta["bootstrap"]}
+    elif spec.resample is not None:
+        raise ValueError("resampling is for trace files; a generated workload's replicates "
+                         "are its seeds")
     elif spec.scale_to_load is not None:
         raise ValueError("scaling to the engine is for trace files; a generated workload's "
                          "load is its alpha")
@@ -240,8 +258,10 @@ def check_scheduler(trace: Trace, engine: EngineConfig, source: str) -> None:
 def run_policies(trace: Trace, spec: RunSpec,
                  on_done: Callable[[str, RunResult], None] | None = None,
                  failures: dict[str, str] | None = None,
-                 executor: Any = None) -> dict[str, RunResult]:
-    """Run ``trace`` once per policy of ``spec`` (a fresh policy and engine each time).
+                 executor: Any = None,
+                 on_start: Callable[[str], None] | None = None) -> dict[str, RunResult]:
+    """Run ``trace`` once per policy of ``spec`` (a fresh policy and engine each time);
+    ``on_start(label)`` before each, ``on_done(label, result)`` after each that served it.
 
     A policy that cannot serve the trace (e.g. a request larger than what a static quota may
     ever give its group) raises :class:`~prefixshield.simulator.engine.EngineError`; with a
@@ -252,6 +272,8 @@ def run_policies(trace: Trace, spec: RunSpec,
     results = {}
     for label in spec.policies:
         name, kwargs = parse_policy_spec(label)
+        if on_start is not None:
+            on_start(label)
         try:
             results[label] = _run_one(trace, spec, name, kwargs, executor)
         except EngineError as e:

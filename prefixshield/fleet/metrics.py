@@ -107,3 +107,67 @@ def fleet_summary(result: RunResult, rec: pd.DataFrame | None = None) -> dict:
             "bound_token_hit_ratio": _figures(pop)["bound_token_hit_ratio"],
             "max_over_mean_requests": (float(counts.max() / counts.mean())
                                        if counts.sum() else float("nan"))}
+
+
+LOAD_WARN = 1.5
+"""A fleet run warns when its load spread (requests on the busiest replica over the mean per
+replica) is above this, or when a replica received no request."""
+
+
+def routing_warning(result: RunResult) -> str | None:
+    """None when every replica received requests and the load spread is at most
+    :data:`LOAD_WARN`; else one line naming the router, the idle replicas and the spread, and
+    the cause where the router's rule gives one: under ``session``, how many distinct keys the
+    trace has for the replicas and the share of the busiest key (a tenant whose requests all
+    share one ``prefix_id`` -- one root -- is one key, pinned to one replica); under
+    ``prefix_affinity`` and ``kv_aware``, the share of the busiest ``prefix_id`` (requests follow
+    the replica that holds their prefix)."""
+    fl = result.fleet
+    rec = result.records
+    n = fl.config.replicas
+    counts = np.bincount(rec["replica"].to_numpy(), minlength=n)
+    if not counts.sum():
+        return None
+    idle = np.flatnonzero(counts == 0)
+    spread = float(counts.max() / counts.mean())
+    if not idle.size and spread <= LOAD_WARN:
+        return None
+    router = fl.config.router
+    what = []
+    if idle.size:
+        what.append(f"{idle.size} of {n} replicas received no request (replica "
+                    f"{', '.join(map(str, idle.tolist()))})")
+    what.append(f"load max/mean {spread:.2f}" + (f" > {LOAD_WARN:g}" if spread > LOAD_WARN
+                                                 else ""))
+    cause = _routing_cause(rec, router, n)
+    return (f"router {router.name}: " + "; ".join(what) + (f". Cause: {cause}" if cause else "")
+            + ".")
+
+
+def _routing_cause(rec: pd.DataFrame, router, n: int) -> str:
+    """The cause of an uneven routing in words, '' where the router's rule names none."""
+    total = len(rec)
+    if router.name == "session":
+        by_group = router.session_key == "group"
+        key = (rec["group"].astype(str) if by_group else
+               rec["group"].astype(str) + "\0" + rec["prefix_id"].astype(str))
+        sizes = key.value_counts()
+        top = sizes.index[0]
+        mine = rec[key == top]
+        where = np.bincount(mine["replica"].to_numpy(), minlength=n).argmax()
+        g = str(mine["group"].iloc[0])
+        who = (f"tenant {g!r}" if by_group else
+               f"tenant {g!r}, prefix_id {int(mine['prefix_id'].iloc[0])}")
+        keys = "tenant" if by_group else "(tenant, prefix_id)"
+        out = (f"session hashes each request's {keys}; the trace has {len(sizes):,} distinct "
+               f"keys for {n} replicas")
+        return out + (f", and its busiest key ({who}) carries {int(sizes.iloc[0]):,} of "
+                      f"{total:,} requests ({100 * sizes.iloc[0] / total:.0f}%), all on "
+                      f"replica {int(where)}; a router that reads the replicas' load "
+                      "(least_loaded, kv_aware) does not pin a key to one replica")
+    if router.name in ("prefix_affinity", "kv_aware"):
+        sizes = rec["prefix_id"].value_counts()
+        return (f"{router.name} sends a request to the replica holding its prefix; the busiest "
+                f"prefix_id ({int(sizes.index[0])}) carries {int(sizes.iloc[0]):,} of {total:,} "
+                f"requests ({100 * sizes.iloc[0] / total:.0f}%)")
+    return ""

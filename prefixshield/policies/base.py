@@ -104,6 +104,20 @@ class Policy(ABC):
         """Free blocks ``requester`` may take now; quota policies cap it. Default: all free."""
         return self.num_free()
 
+    @classmethod
+    def group_capacity(cls, num_blocks: int, num_groups: int) -> int:
+        """The most blocks one group may hold in a pool of ``num_blocks`` configured blocks
+        shared by ``num_groups`` groups, with nothing else running: a request needing more
+        can never be admitted. Default: every usable block (``num_blocks - 1``); a policy that
+        caps a group (a quota) overrides this and :meth:`pool_for`."""
+        return int(num_blocks) - 1
+
+    @classmethod
+    def pool_for(cls, need_blocks: int, num_groups: int) -> int:
+        """The smallest configured pool in which one group of ``num_groups`` may hold
+        ``need_blocks`` blocks (the inverse of :meth:`group_capacity`)."""
+        return max(2, int(need_blocks) + 1)
+
     @abstractmethod
     def free_order(self) -> np.ndarray:
         """The free blocks in the order they would be reused (for tests and the live adapter)."""

@@ -75,6 +75,16 @@ class StaticQuotaPolicy(Policy):
         self.quota = 0
         self._lists: ll.LinkedLists | None = None
 
+    @classmethod
+    def group_capacity(cls, num_blocks: int, num_groups: int) -> int:
+        """A group's quota: ``floor((num_blocks - 1) / num_groups)`` blocks."""
+        return (int(num_blocks) - 1) // max(1, int(num_groups))
+
+    @classmethod
+    def pool_for(cls, need_blocks: int, num_groups: int) -> int:
+        """``need_blocks x num_groups + 1``: the smallest pool whose quota is ``need_blocks``."""
+        return max(2, int(need_blocks) * max(1, int(num_groups)) + 1)
+
     def bind_tenants(self, groups, contracts) -> None:
         super().bind_tenants(groups, contracts)
         if not self.groups:

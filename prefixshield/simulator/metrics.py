@@ -146,7 +146,8 @@ def group_table(result: RunResult) -> pd.DataFrame:
     arrival to first admission, hit ratio at arrival beside the one at admission) and KV held by
     running requests (``block_s``: block-seconds of all the group's requests; ``held_blocks``:
     that over the run's span, the mean blocks its running requests held; ``peak_held_blocks``:
-    the most they held at once)."""
+    the most they held at once); ``token_hit_ratio``: cached over prompt tokens summed over the
+    group's measured requests."""
     rec = result.records
     measured = rec[rec["measured"]]
     t = result.occupancy_t
@@ -182,6 +183,8 @@ def group_table(result: RunResult) -> pd.DataFrame:
             "held_blocks": (float(rec.loc[rec["group"] == g, "block_s"].sum()) / (end - start)
                             if end > start else float("nan")),
             "peak_held_blocks": int(result.held[:, gi].max()) if result.held.size else 0,
+            "token_hit_ratio": (float(m["cached_tokens"].sum() / m["prompt_tokens"].sum())
+                                if len(m) and m["prompt_tokens"].sum() > 0 else float("nan")),
         })
     return pd.DataFrame(rows)
 

@@ -25,7 +25,7 @@ import os
 import re
 import zlib
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 import pandas as pd
@@ -34,7 +34,8 @@ from prefixshield.traces.conversations import add_conversations, cap_turns
 from prefixshield.traces.rows import RequestRows
 from prefixshield.traces.schema import DEFAULT_VOCAB_SIZE, ROLES, Trace, TraceError
 from prefixshield.traces.segments import LOCAL_BITS, SegmentKind, segment_ids
-from prefixshield.traces.tenants import check_group_count, divergence_roots
+from prefixshield.traces.tenants import (check_enough_sessions, check_group_count, deal_tenants,
+                                         divergence_roots, root_sessions)
 
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per Mooncake ``hash_ids`` entry."""
@@ -52,40 +53,50 @@ def group_names(num_groups: int) -> list[str]:
     return ["default"] if num_groups == 1 else [f"group{i}" for i in range(num_groups)]
 
 
-TENANT_MODELS = ("round_robin", "session", "prefix", "zipf", "servegen", "map")
-"""How an importer assigns records to groups (tenants) when the trace names none:
+TENANT_MODELS = ("round_robin", "session", "prefix", "zipf", "servegen", "map", "trace")
+"""How an importer assigns records to groups (tenants):
 
+- ``trace``: the trace's own tenant column (Mooncake: a ``tenant`` field on every record;
+  Azure: a ``tenant`` column), its values used as the group names as they are; the default
+  when the trace has one;
 - ``round_robin``: record i (conversation i for ShareGPT) to group ``i mod G``, in file order;
+  the default otherwise;
 - ``session``: keep what belongs together in one group: a ShareGPT conversation's turns
-  (ShareGPT's only unit), a Mooncake prefix root (Mooncake has no session ids: requests that share
-  their root, the first 512-token block after the prefix *every* request shares, are one
-  "session"; see :mod:`prefixshield.traces.tenants`); Azure has neither;
-- ``prefix``: by prefix root, ``root hash id mod G`` (Mooncake);
-- ``zipf``: heterogeneous tenants: each unit (conversation, prefix root, or record for Azure)
-  goes to group g with probability proportional to ``1 / (g + 1) ** tenant_skew`` (seeded), so
-  tenant 0 sends the most and the last the least;
+  (ShareGPT's only unit); on Mooncake a *root* (the first 512-token block after the prefix
+  *every* request shares: a system prompt where the trace has several, a conversation or
+  document where it has none), or, on a trace with fewer roots than groups, a *session* within
+  a root (the block after the root's own shared prefix); see
+  :func:`~prefixshield.traces.tenants.deal_tenants`. Azure has neither;
+- ``prefix``: by root (or session) key mod G (Mooncake);
+- ``zipf``: heterogeneous tenants: each unit (conversation, root or session, or record for
+  Azure) goes to group g with probability proportional to ``1 / (g + 1) ** tenant_skew``
+  (seeded), so tenant 0 sends the most and the last the least;
 - ``servegen``: like ``zipf``, with the shares of real clients: group g gets the share of
   requests that ServeGen's g-th busiest ``m-large`` client sent in their busiest hour (the
   ``servegen`` workload's data; at most 8 groups);
-- ``map``: an explicit CSV ``record,group`` (0-based record index in file order, a record being a
-  line, a CSV row, or a ShareGPT conversation; every record listed once; a ``contract`` column,
-  if present, sets each group's contract).
+- ``map``: an explicit CSV (:func:`read_tenant_map`): ``record,group`` and optional
+  ``contract`` and ``priority`` columns.
+
+Every model but ``map`` and ``trace`` fills all G groups when there are at least G units to
+deal; fewer sessions than groups is a one-line error before any request is built.
 """
 
 
 def assign_tenants(model: str, units: np.ndarray, groups: Sequence[str], seed: int,
-                   tenant_skew: float = 1.0, mapping=None) -> np.ndarray:
+                   tenant_skew: float = 1.0, mapping=None,
+                   sessions: np.ndarray | None = None) -> np.ndarray:
     """Group index of every record under tenant ``model`` (see :data:`TENANT_MODELS`).
 
     Args:
         units: per record, the key of what must stay together (record index, conversation,
-            prefix root); records with equal keys get the same group.
+            prefix root); records with equal keys get the same group unless ``sessions``
+            splits them (see :func:`~prefixshield.traces.tenants.deal_tenants`).
         groups: the group names (G of them).
         seed: seed of the ``zipf`` draw (one stream, independent of token ids).
         tenant_skew: ``zipf`` exponent (> 0; larger: more skewed).
         mapping: for ``map``: the per-record group indices (see :func:`read_tenant_map`).
+        sessions: per record, its session within its unit (None: the unit itself).
     """
-    G = len(groups)
     units = np.asarray(units, dtype=np.int64)
     if model == "map":
         if mapping is None or len(mapping) != len(units):
@@ -93,39 +104,42 @@ def assign_tenants(model: str, units: np.ndarray, groups: Sequence[str], seed: i
                              f"({len(units)} records, {0 if mapping is None else len(mapping)} "
                              "mapped)")
         return np.asarray(mapping, dtype=np.int64)
-    keys, inverse = np.unique(units, return_inverse=True)
-    if model in ("round_robin", "session", "prefix"):
-        # units in order of first appearance, dealt round-robin (prefix: by key value)
-        if model == "prefix":
-            return (units % G).astype(np.int64)
-        first = np.full(len(keys), len(units), dtype=np.int64)
-        np.minimum.at(first, inverse, np.arange(len(units)))
-        rank = np.argsort(np.argsort(first, kind="stable"), kind="stable")
-        return (rank[inverse] % G).astype(np.int64)
-    if model in ("zipf", "servegen"):
-        if model == "servegen":
-            from prefixshield.traces.shipped import (SHARES_WINDOW_S, busiest_hour_start,
-                                                     rate_shares, servegen_clients)
+    if model not in TENANT_MODELS or model == "trace":
+        raise ValueError(f"unknown tenant model {model!r}; known: {', '.join(TENANT_MODELS)}")
+    return deal_tenants(model, units, units if sessions is None else sessions, len(groups),
+                        seed, tenant_skew)[0]
 
-            if G > 8:
-                raise ValueError(f"--assign servegen: at most 8 groups (the shipped clients), "
-                                 f"got {G}")
-            clients = servegen_clients()[:G]
-            w = rate_shares(clients, busiest_hour_start(clients), SHARES_WINDOW_S)
-        else:
-            if not (math.isfinite(tenant_skew) and tenant_skew > 0):
-                raise ValueError(f"tenant_skew must be a finite number > 0, got {tenant_skew}")
-            w = 1.0 / np.arange(1, G + 1, dtype=np.float64) ** tenant_skew
-        rng = np.random.default_rng([int(seed), 11])
-        return rng.choice(G, size=len(keys), p=w / w.sum())[inverse].astype(np.int64)
-    raise ValueError(f"unknown tenant model {model!r}; known: {', '.join(TENANT_MODELS)}")
+
+class TenantMap(NamedTuple):
+    """A ``--tenant-map`` CSV read (see :func:`read_tenant_map`)."""
+
+    groups: list[str]
+    """Group names, in order of first use (or as given)."""
+    record_group: np.ndarray | None
+    """Group index per record (a map with a ``record`` column), else None (a tenant table)."""
+    contracts: dict[str, str]
+    """Contract per group that the map gives one."""
+    priorities: dict[str, int]
+    """Scheduler priority per group that the map gives one (lower is served first)."""
+
+
+MAP_COLUMNS = ("record", "group", "contract", "priority")
+"""The columns a tenant map may have (``group`` is required)."""
 
 
 def read_tenant_map(path: str | os.PathLike, num_records: int, groups: list[str] | None = None
-                    ) -> tuple[list[str], np.ndarray, dict[str, str]]:
-    """Read a ``record,group[,contract]`` CSV: the group names (in order of first use, or
-    ``groups``), the group index of each of ``num_records`` records, and the contract given to
-    each group (one per group). Errors name the file, the line and the field."""
+                    ) -> TenantMap:
+    """Read a tenant map CSV: ``group`` plus optional ``record``, ``contract``, ``priority``.
+
+    With a ``record`` column it is the ``map`` tenant model: one row per record, ``record``
+    the 0-based index of the record in file order (a JSONL line, a CSV row, a ShareGPT
+    conversation; blank lines are not records), every record listed exactly once. Without one
+    it is a tenant table for any other model: one row per group, naming its ``contract`` and/or
+    ``priority``. ``contract`` is a tier (``critical``, ``standard``, ``best_effort`` or one
+    named by ``--contracts``), one per group; ``priority`` an integer (lower served first, as
+    vLLM's ``priority`` scheduler; used by ``run --scheduler priority`` when no ``--priority``
+    is given), one per group. Errors name the file, the line and the field.
+    """
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"{path}: no such tenant map")
@@ -133,69 +147,141 @@ def read_tenant_map(path: str | os.PathLike, num_records: int, groups: list[str]
     index = {g: i for i, g in enumerate(names)}
     out = np.full(num_records, -1, dtype=np.int64)
     contracts: dict[str, str] = {}
+    priorities: dict[str, int] = {}
     with open_text(path, newline="") as f:
         reader = csv.DictReader(_DecodingLines(path, f))
-        if reader.fieldnames is None or not {"record", "group"} <= set(reader.fieldnames):
-            raise TraceError(f"{path}: line 1: expected a header with columns record,group "
-                             f"[,contract], got {reader.fieldnames}")
+        cols = [c.strip() for c in (reader.fieldnames or [])]
+        unknown = [c for c in cols if c not in MAP_COLUMNS]
+        if "group" not in cols or unknown or ("record" not in cols and len(cols) < 2):
+            raise TraceError(f"{path}: line 1: expected a header with columns group and "
+                             "record (the map model) or contract/priority (a tenant table), "
+                             f"of {','.join(MAP_COLUMNS)}; got {reader.fieldnames}")
+        reader.fieldnames = cols
+        by_record = "record" in cols
         for row in reader:
             where = f"{path}: line {reader.line_num}"
-            try:
-                r = int(row["record"])
-            except (TypeError, ValueError):
-                raise TraceError(f"{where}: field record: expected an integer, got "
-                                 f"{row['record']!r}") from None
-            if not 0 <= r < num_records:
-                raise TraceError(f"{where}: field record: {r} is not a record of the trace "
-                                 f"(0..{num_records - 1})")
-            if out[r] >= 0:
-                raise TraceError(f"{where}: field record: record {r} is mapped twice")
             g = (row["group"] or "").strip()
             if not g:
                 raise TraceError(f"{where}: field group: empty")
+            if by_record:
+                try:
+                    r = int(row["record"])
+                except (TypeError, ValueError):
+                    raise TraceError(f"{where}: field record: expected an integer, got "
+                                     f"{row['record']!r}") from None
+                if not 0 <= r < num_records:
+                    raise TraceError(f"{where}: field record: {r} is not a record of the trace "
+                                     f"(0..{num_records - 1})")
+                if out[r] >= 0:
+                    raise TraceError(f"{where}: field record: record {r} is mapped twice")
+            elif g in index and (g in contracts or g in priorities):
+                raise TraceError(f"{where}: field group: {g!r} is listed twice (a tenant "
+                                 "table has one row per group)")
             if g not in index:
-                if groups:
+                if groups and by_record:
                     raise TraceError(f"{where}: field group: {g!r} is not one of {groups}")
                 index[g] = len(names)
                 names.append(g)
-            out[r] = index[g]
+            if by_record:
+                out[r] = index[g]
             c = (row.get("contract") or "").strip()
-            if c:
-                if contracts.setdefault(g, c) != c:
-                    raise TraceError(f"{where}: field contract: group {g!r} is on "
-                                     f"{contracts[g]!r} already, got {c!r} (one contract a "
-                                     "group)")
+            if c and contracts.setdefault(g, c) != c:
+                raise TraceError(f"{where}: field contract: group {g!r} is on "
+                                 f"{contracts[g]!r} already, got {c!r} (one contract a group)")
+            pr = (row.get("priority") or "").strip()
+            if pr:
+                try:
+                    p = int(pr)
+                except ValueError:
+                    raise TraceError(f"{where}: field priority: expected an integer, got "
+                                     f"{pr!r}") from None
+                if priorities.setdefault(g, p) != p:
+                    raise TraceError(f"{where}: field priority: group {g!r} has priority "
+                                     f"{priorities[g]} already, got {p} (one a group)")
+    if not by_record:
+        return TenantMap(names, None, contracts, priorities)
     missing = np.flatnonzero(out < 0)
     if missing.size:
         raise TraceError(f"{path}: record {int(missing[0])} is not mapped ({missing.size} of "
                          f"{num_records} records are not)")
-    return names, out, contracts
+    return TenantMap(names, out, contracts, priorities)
 
 
-def _tenants(model: str, session_units: np.ndarray, record_units: np.ndarray,
-             groups: list[str], seed: int, tenant_skew: float, tenant_map
-             ) -> tuple[list[str], np.ndarray, dict[str, str]]:
-    """(group names, group index per record, contract per group given) of a tenant model; the
-    ``session``/``prefix``/``zipf`` models group ``session_units``, ``round_robin`` deals
-    ``record_units``."""
+class Tenants(NamedTuple):
+    """What a tenant model gave an import: group names, group index per record, the contract
+    and priority a map gave each group, and the plan (:func:`deal_tenants`) for the summary."""
+
+    groups: list[str]
+    index: np.ndarray
+    contracts: dict[str, str]
+    priorities: dict[str, int]
+    plan: dict
+
+
+def _tenants(model: str, roots: np.ndarray, sessions: np.ndarray, groups: list[str], seed: int,
+             tenant_skew: float, tenant_map, allow_fewer: bool,
+             own: list[str | None] | None = None, root_prefix: dict | None = None) -> Tenants:
+    """The tenants of an import under ``model``: ``session``/``prefix``/``zipf``/``servegen``
+    deal ``roots`` (split into ``sessions`` where roots are fewer than groups),
+    ``round_robin`` deals records, ``map`` reads the map, ``trace`` takes ``own`` (the trace's
+    tenant column, per record) as it is. A ``tenant_map`` without a record column gives the
+    groups of any other model their contracts and priorities."""
+    n = len(roots)
     if model == "map":
         if tenant_map is None:
-            raise ValueError("--assign map needs --tenant-map FILE")
-        names, idx, contracts = read_tenant_map(tenant_map, len(record_units),
-                                                groups if len(groups) > 1 else None)
-        return names, idx, contracts
+            raise ValueError("--assign map needs --tenant-map FILE (columns record,group"
+                             "[,contract][,priority])")
+        m = read_tenant_map(tenant_map, n, groups if len(groups) > 1 else None)
+        if m.record_group is None:
+            raise TraceError(f"{tenant_map}: --assign map needs a record column (one row per "
+                             "record); without one the file is a tenant table for another "
+                             "--assign")
+        return Tenants(m.groups, m.record_group, m.contracts, m.priorities,
+                       {"unit": "record", "roots": n, "sessions": n})
+    if model == "trace":
+        if own is None:
+            raise ValueError("--assign trace: the trace has no tenant column (Mooncake: a "
+                             "tenant field on every record; Azure: a tenant column)")
+        names = list(dict.fromkeys(own))
+        if len(groups) > 1 and len(groups) != len(names):
+            raise ValueError(f"--groups {len(groups)}: the trace names its own {len(names)} "
+                             "tenants (its tenant column); drop --groups, or re-deal them with "
+                             "another --assign")
+        lookup = {g: i for i, g in enumerate(names)}
+        idx = np.fromiter((lookup[g] for g in own), dtype=np.int64, count=n)
+        out = Tenants(names, idx, {}, {}, {"unit": "tenant column", "roots": len(names),
+                                            "sessions": len(names)})
+    else:
+        if model == "round_robin":
+            roots = sessions = np.arange(n)
+        plan_sessions = len(np.unique(np.stack([roots, sessions], axis=1), axis=0))
+        if model != "round_robin":
+            check_enough_sessions(model, len(groups), plan_sessions,
+                                  len(np.unique(roots)), allow_fewer)
+        idx, plan = deal_tenants(model, roots, sessions, len(groups), seed, tenant_skew,
+                                 root_prefix)
+        if model == "round_robin":
+            plan["unit"] = "record"
+        out = Tenants(list(groups), idx, {}, {}, plan)
     if tenant_map is not None:
-        raise ValueError("--tenant-map is for --assign map")
-    units = record_units if model == "round_robin" else session_units
-    return groups, assign_tenants(model, units, groups, seed, tenant_skew), {}
+        m = read_tenant_map(tenant_map, n)
+        if m.record_group is not None:
+            raise ValueError("--tenant-map with a record column is the map model: give "
+                             "--assign map (a table of group,contract,priority serves any "
+                             "other --assign)")
+        stray = [g for g in m.groups if g not in out.groups]
+        if stray:
+            more = ", ..." if len(out.groups) > 8 else ""
+            raise TraceError(f"{tenant_map}: group {stray[0]!r} is not a group of this import "
+                             f"({', '.join(out.groups[:8])}{more})")
+        out = out._replace(contracts=m.contracts, priorities=m.priorities)
+    return out
 
 
-def _units(assign: str, session_units: np.ndarray) -> int:
-    """How many units a tenant model deals out: records for ``round_robin`` and ``map``, the
-    distinct session units (conversations, prefix roots) otherwise."""
-    if assign in ("round_robin", "map"):
-        return len(session_units)
-    return len(np.unique(session_units))
+def _units(plan: dict) -> int:
+    """How many units a tenant model dealt out (records, roots or sessions; see
+    :func:`~prefixshield.traces.tenants.deal_tenants`)."""
+    return int(plan["sessions"] if plan["unit"] == "session" else plan["roots"])
 
 
 def _counted(rows: RequestRows, groups: list[str], assign: str, units: int,
@@ -300,7 +386,7 @@ def _is_number(x: Any) -> bool:
 
 def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = None,
                     num_groups: int | None = None,
-                    assign: str = "round_robin", contract: str = "standard",
+                    assign: str | None = None, contract: str = "standard",
                     role: str = "benign", block_tokens: int = MOONCAKE_BLOCK_TOKENS,
                     seed: int = 0, vocab_size: int = DEFAULT_VOCAB_SIZE,
                     time_scale: float = 1.0, warmup_s: float = 0.0,
@@ -322,8 +408,13 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
         groups: group names (None: :func:`group_names` of ``num_groups``); see ``assign``.
         num_groups: number of groups when ``groups`` is None (default 1: ``"default"``).
         assign: a tenant model (:data:`TENANT_MODELS`): ``round_robin`` over records,
-            ``session``/``prefix`` by prefix root (see ``prefix_id``), ``zipf`` (prefix roots
-            to skewed tenants, ``tenant_skew``), ``map`` (``tenant_map`` CSV).
+            ``session``/``prefix`` by prefix root (see ``prefix_id``; split into sessions
+            where the roots are fewer than the groups), ``zipf``/``servegen`` (roots or
+            sessions to skewed tenants, ``tenant_skew``), ``map`` (``tenant_map`` CSV),
+            ``trace`` (each record's own ``tenant`` field). None: ``trace`` when every record
+            has a ``tenant`` field, else ``round_robin``.
+        tenant_map: the ``map`` model's CSV, or for another model a table
+            ``group,contract,priority`` (see :func:`read_tenant_map`).
         allow_fewer_groups: accept a tenant model that leaves a group without requests
             (otherwise a ``ValueError`` naming ``--allow-fewer-groups``).
         contract, role: of every request.
@@ -341,9 +432,10 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
     """
     path = Path(path)
     groups = _check_common(path, groups, num_groups, role, time_scale)
-    if assign not in TENANT_MODELS:
+    if assign is not None and assign not in TENANT_MODELS:
         raise ValueError(f"assign must be one of {', '.join(TENANT_MODELS)}, got {assign!r}")
     ts, inp, out, hashes, lines = [], [], [], [], []
+    own: list[str | None] = []
     with open_text(path) as f:
         for lineno, line in _lines(path, f):
             if limit is not None and len(ts) >= limit:
@@ -389,6 +481,17 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
                 raise TraceError(f"{where}: field input_length: {L} tokens does not match "
                                  f"{n} hash_ids of {block_tokens} tokens (expected "
                                  f"{(n - 1) * block_tokens + 1}..{n * block_tokens})")
+            tenant = rec.get("tenant")
+            if tenant is not None:
+                if not (isinstance(tenant, str) and tenant.strip()) and not _is_int(tenant):
+                    raise TraceError(f"{where}: field tenant: expected a non-empty string or "
+                                     f"an integer, got {tenant!r}")
+                tenant = str(tenant).strip()
+            if own and (own[-1] is None) != (tenant is None):
+                raise TraceError(f"{where}: field tenant: "
+                                 + ("missing (earlier records have one)" if tenant is None
+                                    else "earlier records have none (all or none must)"))
+            own.append(tenant)
             ts.append(float(t))
             inp.append(L)
             out.append(rec["output_length"])
@@ -401,8 +504,15 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
     order = np.argsort(arrival, kind="stable")
     resorted = bool(np.any(order != np.arange(len(order))))
     roots, shared = divergence_roots(hashes)
-    groups, gidx, contracts = _tenants(assign, roots, np.arange(len(ts)), groups, seed,
-                                       tenant_skew, tenant_map)
+    has_own = own[0] is not None
+    if assign is None:
+        assign = "trace" if has_own else "round_robin"
+    sessions, root_prefix = (root_sessions(hashes, roots, shared)
+                             if assign in ("session", "prefix", "zipf", "servegen")
+                             else (roots, {}))
+    ten = _tenants(assign, roots, sessions, groups, seed, tenant_skew, tenant_map,
+                   allow_fewer_groups, own if has_own else None, root_prefix)
+    groups, gidx, contracts = ten.groups, ten.index, ten.contracts
     rows = RequestRows()
     for i in order:
         h = hashes[i]
@@ -417,7 +527,10 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
             "contract": contract, "role": role,
             "block_tokens": block_tokens, "time_scale": time_scale, "warmup_s": warmup_s,
             "limit": limit, "resorted": resorted, "shared_prefix_blocks": shared,
-            "requests_per_group": _counted(rows, groups, assign, _units(assign, roots),
+            "tenant_plan": ten.plan, "priorities": ten.priorities,
+            "tenant_map_contracts": ten.contracts,
+            "tenant_column": "ignored" if has_own and assign != "trace" else has_own,
+            "requests_per_group": _counted(rows, groups, assign, _units(ten.plan),
                                            allow_fewer_groups)}
     return rows.finish(seed, vocab_size, meta)
 
@@ -433,7 +546,7 @@ def import_azure(path: str | os.PathLike, *, groups: Sequence[str] | None = None
                  num_groups: int | None = None, contract: str = "standard", role: str = "benign",
                  system_prompt_tokens: int = 0, seed: int = 0,
                  vocab_size: int = DEFAULT_VOCAB_SIZE, time_scale: float = 1.0,
-                 warmup_s: float = 0.0, limit: int | None = None, assign: str = "round_robin",
+                 warmup_s: float = 0.0, limit: int | None = None, assign: str | None = None,
                  tenant_skew: float = 1.0, tenant_map: str | os.PathLike | None = None,
                  allow_fewer_groups: bool = False) -> Trace:
     """Import an Azure LLM inference trace (CSV ``TIMESTAMP,ContextTokens,GeneratedTokens``).
@@ -446,8 +559,9 @@ def import_azure(path: str | os.PathLike, *, groups: Sequence[str] | None = None
     else the record index. Requests are assigned to ``groups`` (or :func:`group_names` of
     ``num_groups``; default: the single group ``"default"``) by the tenant model ``assign``:
     ``round_robin`` (file order), ``zipf`` (records to skewed tenants) or ``map``; Azure has no
-    sessions or prefixes to keep together. A group left without requests is an error unless
-    ``allow_fewer_groups``.
+    sessions or prefixes to keep together. A ``tenant`` column, where the file has one, is the
+    ``trace`` model (the default then): its values are the groups, as they are. A group left
+    without requests is an error unless ``allow_fewer_groups``.
 
     Raises:
         TraceError: ``<file>: line N: field F: ...`` for a missing column, a row with the wrong
@@ -472,8 +586,9 @@ def import_azure(path: str | os.PathLike, *, groups: Sequence[str] | None = None
             if c not in header:
                 raise TraceError(f"{path}: line 1: field {c}: missing column (header: "
                                  f"{','.join(header)})")
-        col = {c: header.index(c) for c in AZURE_COLUMNS}
-        raw: dict[str, list[str]] = {c: [] for c in AZURE_COLUMNS}
+        cols = AZURE_COLUMNS + (("tenant",) if "tenant" in header else ())
+        col = {c: header.index(c) for c in cols}
+        raw: dict[str, list[str]] = {c: [] for c in cols}
         lines: list[int] = []
         try:
             for row in reader:
@@ -485,8 +600,10 @@ def import_azure(path: str | os.PathLike, *, groups: Sequence[str] | None = None
                 if len(row) != len(header):
                     raise TraceError(f"{path}: line {lineno}: expected {len(header)} fields, "
                                      f"got {len(row)}")
-                for c in AZURE_COLUMNS:
+                for c in cols:
                     raw[c].append(row[col[c]].strip())
+                if "tenant" in col and not raw["tenant"][-1]:
+                    raise TraceError(f"{path}: line {lineno}: field tenant: empty")
                 lines.append(lineno)
         except csv.Error as e:
             raise TraceError(f"{path}: line {reader.line_num}: not CSV ({e})") from None
@@ -513,14 +630,20 @@ def import_azure(path: str | os.PathLike, *, groups: Sequence[str] | None = None
     order = np.argsort(arrival, kind="stable")
     resorted = bool(np.any(order != np.arange(len(order))))
     ctx, gen = tokens["ContextTokens"], tokens["GeneratedTokens"]
+    has_own = "tenant" in raw
+    if assign is None:
+        assign = "trace" if has_own else "round_robin"
     if assign in ("session", "prefix"):
         raise ValueError(f"--assign {assign}: Azure traces have no sessions or prefixes; use "
-                         "round_robin, zipf or map")
+                         "round_robin, zipf, servegen or map")
     if assign not in TENANT_MODELS:
         raise ValueError(f"assign must be one of {', '.join(TENANT_MODELS)}, got {assign!r}")
     records = np.arange(len(ctx))
-    groups, gidx, contracts = _tenants(assign, records, records, groups, seed, tenant_skew,
-                                       tenant_map)
+    ten = _tenants(assign, records, records, groups, seed, tenant_skew, tenant_map,
+                   allow_fewer_groups, raw["tenant"] if has_own else None)
+    groups, gidx, contracts = ten.groups, ten.index, ten.contracts
+    if ten.plan["unit"] == "root":
+        ten.plan["unit"] = "record"
     rows = RequestRows()
     for gi, g in enumerate(groups):
         sel = order[gidx[order] == gi]
@@ -548,8 +671,10 @@ def import_azure(path: str | os.PathLike, *, groups: Sequence[str] | None = None
             "assign": assign, "tenant_skew": tenant_skew,
             "contract": contract, "role": role, "system_prompt_tokens": system_prompt_tokens,
             "time_scale": time_scale, "warmup_s": warmup_s, "limit": limit,
-            "resorted": resorted,
-            "requests_per_group": _counted(rows, groups, assign, len(records),
+            "resorted": resorted, "tenant_plan": ten.plan, "priorities": ten.priorities,
+            "tenant_map_contracts": ten.contracts,
+            "tenant_column": "ignored" if has_own and assign != "trace" else has_own,
+            "requests_per_group": _counted(rows, groups, assign, _units(ten.plan),
                                            allow_fewer_groups)}
     return rows.finish(seed, vocab_size, meta)
 
@@ -732,7 +857,7 @@ def import_sharegpt(path: str | os.PathLike, *, groups: Sequence[str] | None = N
                     max_conversation_tokens: int | None = None,
                     chars_per_token: float = 4.0, seed: int = 0,
                     vocab_size: int = DEFAULT_VOCAB_SIZE, warmup_s: float = 0.0,
-                    limit: int | None = None, assign: str = "round_robin",
+                    limit: int | None = None, assign: str | None = None,
                     tenant_skew: float = 1.0,
                     tenant_map: str | os.PathLike | None = None,
                     allow_fewer_groups: bool = False) -> Trace:
@@ -773,14 +898,21 @@ def import_sharegpt(path: str | os.PathLike, *, groups: Sequence[str] | None = N
     n_turns = int(sum(len(u) for u, _ in convs))
     gaps = min_think_time_s + (rng.exponential(think_time_s, size=n_turns)
                                if think_time_s > 0 else np.zeros(n_turns))
+    assign = "round_robin" if assign is None else assign
     if assign == "prefix":
         raise ValueError("--assign prefix: ShareGPT conversations are their own prefixes; use "
                          "session (the same as round_robin), zipf or map")
+    if assign == "trace":
+        raise ValueError("--assign trace: ShareGPT records have no tenant field; use "
+                         "session, zipf, servegen or map")
     if assign not in TENANT_MODELS:
         raise ValueError(f"assign must be one of {', '.join(TENANT_MODELS)}, got {assign!r}")
     conv_ids = np.arange(len(convs))
-    groups, group_of, contracts = _tenants(assign, conv_ids, conv_ids, groups, seed,
-                                           tenant_skew, tenant_map)
+    ten = _tenants(assign, conv_ids, conv_ids, groups, seed, tenant_skew, tenant_map,
+                   allow_fewer_groups)
+    groups, group_of, contracts = ten.groups, ten.index, ten.contracts
+    if ten.plan["unit"] == "root":
+        ten.plan["unit"] = "conversation"
     if contracts and len(set(contracts.values()) | {contract}) > 1:
         raise ValueError("per-group contracts in a tenant map are not supported for ShareGPT "
                          "imports; give --contract")
@@ -800,6 +932,8 @@ def import_sharegpt(path: str | os.PathLike, *, groups: Sequence[str] | None = N
             "min_think_time_s": min_think_time_s, "system_prompt_tokens": system_prompt_tokens,
             "max_conversation_tokens": max_conversation_tokens,
             "chars_per_token": chars_per_token, "warmup_s": warmup_s, "limit": limit,
-            "requests_per_group": _counted(rows, groups, assign, len(conv_ids),
+            "tenant_plan": ten.plan, "priorities": ten.priorities,
+            "tenant_map_contracts": ten.contracts,
+            "requests_per_group": _counted(rows, groups, assign, _units(ten.plan),
                                            allow_fewer_groups)}
     return rows.finish(seed, vocab_size, meta)

@@ -21,6 +21,21 @@ def test_quota_is_floor_of_usable_over_groups():
     assert m.pool.num_free_blocks(0) == 170
 
 
+def test_group_capacity_is_the_bound_quota_and_pool_for_its_smallest_pool():
+    from prefixshield.policies import POLICIES
+
+    cls = POLICIES["static_quota"]
+    for blocks, groups in ((512, 3), (9, 2), (773, 2), (2, 1)):
+        m = make_quota_manager(num_blocks=blocks, groups=tuple("abc"[:groups]))
+        assert cls.group_capacity(blocks, groups) == m.pool.policy.quota
+    for need, groups in ((386, 2), (1, 3), (4, 2)):
+        pool = cls.pool_for(need, groups)
+        assert cls.group_capacity(pool, groups) == need  # it serves the need ...
+        assert cls.group_capacity(pool - 1, groups) < need  # ... and one block less does not
+    lru = POLICIES["lru"]
+    assert lru.group_capacity(512, 3) == 511 and lru.pool_for(511, 3) == 512
+
+
 def test_group_at_quota_reclaims_its_own_oldest_cached_block():
     m = make_quota_manager()  # 8 usable, quota 4 each
     a1 = make_request(0, np.arange(64), group=0)  # 4 blocks: a's whole quota

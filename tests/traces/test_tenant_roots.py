@@ -69,7 +69,8 @@ def test_fewer_groups_than_asked_is_an_error_naming_the_option():
         importers.import_mooncake(CONVERSATION, limit=5, num_groups=8, assign="session")
     msg = str(e.value)
     assert "\n" not in msg
-    assert msg.startswith("--assign session --groups 8: only 5 of 8 groups received requests")
+    assert msg.startswith("--assign session --groups 8: the trace has only 5 sessions (5 "
+                          "roots), fewer than the groups")
     assert "--allow-fewer-groups" in msg
     with pytest.raises(ValueError, match="--assign round_robin --groups 50: only 40 of 50"):
         importers.import_azure(AZURE, num_groups=50)
