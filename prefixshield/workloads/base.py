@@ -39,6 +39,9 @@ STREAM_PROBE = 7
 workload's shape, the profile and the engine, not of a trace seed."""
 
 PROBE_SEED = 0
+STREAM_BACKGROUND = 8
+"""The background groups of an attack trace's population (one stream, drawn group after
+group)."""
 
 
 def check(cond: bool, msg: str) -> None:
@@ -256,16 +259,16 @@ def prefix_suffix_prompts(prefix_seg: np.ndarray, prefix_tokens: int, suffix_seg
 
 def add_cyclic_stream(rows: RequestRows, p: PrefixParams, *, stream: int, group_index: int,
                       group: str, contract: str, role: str, num_prefixes: int,
-                      warmup_gap: float) -> dict[str, float]:
-    """Warm-up (each prefix once, ``warmup_gap`` s apart, unmeasured), then Poisson(base_rate)
-    requests cycling over the prefixes (prefix_id = prefix index), each with a unique suffix.
-    Returns the measured window and request counts."""
+                      warmup_gap: float, rate: float | None = None) -> dict[str, float]:
+    """Warm-up (each prefix once, ``warmup_gap`` s apart, unmeasured), then Poisson(``rate``;
+    None: base_rate) requests cycling over the prefixes (prefix_id = prefix index), each with a
+    unique suffix. Returns the measured window and request counts."""
     rng = rng_for(p.seed, stream)
     check_count(num_prefixes, MAX_REQUESTS, f"{role} prefixes (one warm-up request each)")
     warm_t = np.arange(num_prefixes) * warmup_gap
     start = num_prefixes * warmup_gap
     end = start + p.duration_s
-    meas_t = renewal_times(rng, p.base_rate, start, end)
+    meas_t = renewal_times(rng, p.base_rate if rate is None else rate, start, end)
     n_w, n_m = len(warm_t), len(meas_t)
     n = n_w + n_m
     t = np.concatenate([warm_t, meas_t])

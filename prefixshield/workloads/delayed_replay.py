@@ -10,7 +10,7 @@ from prefixshield.tenancy import Contract
 from prefixshield.traces.rows import RequestRows
 from prefixshield.traces.schema import Trace
 from prefixshield.workloads.attack import (GI_ATTACKER, GI_NEUTRAL, AttackParams, attack_meta,
-                                           drop_role, victim_and_window)
+                                           finish_attack, victim_and_window)
 from prefixshield.workloads.base import (STREAM_ATTACKER, STREAM_NEUTRAL, add_fresh_prefixes,
                                          check, periodic_times, rng_for)
 from prefixshield.workloads.registry import register
@@ -140,4 +140,4 @@ def delayed_replay(params: DelayedReplayParams | None = None) -> Trace:
                        replay_start_s=replay_start, neutral_start_s=neutral_start,
                        neutral_end_s=n_end,
                        neutral_rate=n_rate, neutral_requests=len(t_n))
-    return rows.finish(p.seed, p.vocab_size, meta, drop_role=drop_role(p))
+    return finish_attack(rows, p, meta)

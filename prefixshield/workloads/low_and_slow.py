@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prefixshield.traces.schema import Trace
-from prefixshield.workloads.attack import AttackParams, fresh_prefix_attack
+from prefixshield.workloads.attack import AttackParams, fresh_prefix_attack, population_defaults
 from prefixshield.workloads.registry import register
 
 
@@ -27,8 +27,13 @@ class LowAndSlowParams(AttackParams):
             40 s accumulates (261.3 and 929.6 here at pressures 2 and 4).
     """
 
-    duration_s: float = 42.0
-    pressure_ratio: float | None = 7.5
+    POPULATION_DEFAULTS = population_defaults(
+        AttackParams.POPULATION_DEFAULTS,
+        background={"duration_s": 42.0, "pressure_ratio": 1.25},
+        two_group={"duration_s": 42.0, "pressure_ratio": 7.5})
+
+    duration_s: float | None = None
+    pressure_ratio: float | None = None
 
 
 @register("low_and_slow", LowAndSlowParams)

@@ -32,7 +32,8 @@ import numpy as np
 
 from prefixshield.traces.schema import Trace
 from prefixshield.traces.segments import SegmentKind, segment_ids
-from prefixshield.workloads.attack import GI_VICTIM, Aim, AttackParams, fresh_prefix_attack
+from prefixshield.workloads.attack import (GI_VICTIM, Aim, AttackParams, fresh_prefix_attack,
+                                           population_defaults)
 from prefixshield.workloads.base import check
 from prefixshield.workloads.registry import register
 
@@ -79,7 +80,11 @@ class OneTouchParams(AttackParams):
             reaches :data:`PREFIX_AIM_MATCH_RATIO`, see :meth:`lead_blocks`).
     """
 
-    duration_s: float = 17.0
+    POPULATION_DEFAULTS = population_defaults(
+        AttackParams.POPULATION_DEFAULTS,
+        background={"duration_s": 17.0}, two_group={"duration_s": 17.0})
+
+    duration_s: float | None = None
     aim: str = "none"
     aim_replicas: int = DEFAULT_AIM_REPLICAS
     aim_blocks: int | None = None
