@@ -99,7 +99,7 @@ class AttackParams(PrefixParams):
     """
 
     POPULATION_DEFAULTS: ClassVar[Mapping[str, Mapping[str, Any]]] = {
-        "background": {"background_groups": 6, "victim_share": 1.0},
+        "background": {"background_groups": 6, "victim_share": 0.575},
         "two_group": {"background_groups": 0, "victim_share": 1.0},
     }
     """Per population: the value of each reading-dependent field left at None."""

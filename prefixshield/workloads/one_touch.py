@@ -54,6 +54,17 @@ DEFAULT_AIM_REPLICAS = 8
 """``aim_replicas``' default: the only value taken with an aim other than ``session``."""
 
 
+PRESSURE_SWEEP_DURATION_S = 40.0
+"""The creation-pressure sweep's window (seconds; the reference's Fig. 2 sweep is a one-touch
+sweep): fitted, under the ``background`` population, to the attacker's mean debt the reference
+measured at ratios 2.14 and 4.23 (docs/fidelity.md, ``docs/fit_workloads.py``)."""
+
+PRESSURE_SWEEP = ((0.5, 0.5177), (1.0, 0.9185), (2.0, 2.0712), (4.0, 4.0935))
+"""(nominal point, designed ``pressure_ratio``) of the sweep: the designed pressure whose
+measured ratio over :data:`PRESSURE_SWEEP_DURATION_S` under LRU is the reference's measured
+0.54 / 1.02 / 2.14 / 4.23."""
+
+
 @dataclass(frozen=True)
 class OneTouchParams(AttackParams):
     """``one_touch``: every default as in :class:`~prefixshield.workloads.attack.AttackParams`;
@@ -82,7 +93,7 @@ class OneTouchParams(AttackParams):
 
     POPULATION_DEFAULTS = population_defaults(
         AttackParams.POPULATION_DEFAULTS,
-        background={"duration_s": 17.0}, two_group={"duration_s": 17.0})
+        background={"duration_s": 20.0}, two_group={"duration_s": 17.0})
 
     duration_s: float | None = None
     aim: str = "none"

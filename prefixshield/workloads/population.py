@@ -81,6 +81,9 @@ def add_background(rows: RequestRows, p, rng: np.random.Generator, a: float, b: 
     sent = list(sent) if sent is not None else [0] * len(names)
     rate = background_rate(p)
     for i, name in enumerate(names):
+        if rate <= 0:  # the victim sends the whole base load: configured, silent groups
+            rows.declare(name, p.background_contract)
+            continue
         t = renewal_times(rng, rate, a, b)
         n = len(t)
         suffix_len = p.draw_suffixes(rng, n)

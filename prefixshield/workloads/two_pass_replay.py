@@ -44,7 +44,7 @@ class TwoPassReplayParams(AttackParams):
 
     POPULATION_DEFAULTS = population_defaults(
         AttackParams.POPULATION_DEFAULTS,
-        background={"pressure_ratio": 4.5}, two_group={"pressure_ratio": 4.5})
+        background={"pressure_ratio": 0.75}, two_group={"pressure_ratio": 4.5})
 
     pressure_ratio: float | None = None
     replay_set: int = 1
