@@ -316,6 +316,22 @@ def replay_eligible(rows: list[dict], block_size: int = 16) -> float:
     return float(np.mean(vals))
 
 
+def fit_neutral_prompt(ctx: Ctx) -> None:
+    """The phased delayed replay's neutral request (one, in the 0.1 s phase): its prompt,
+    fitted to the ~74 evictions the neutral phase causes (LRU)."""
+    grid = range(800, 1537, 16) if not ctx.quick else (1024, 1200, 1536)
+
+    def score(npt):
+        n = neutral_evictions(runs(ctx, "delayed_replay", ctx.search_seeds,
+                                   **{**ctx.attack("delayed_replay"),
+                                      "neutral_prefix_tokens": npt}))
+        say(f"  neutral_prefix_tokens={npt}: neutral-phase evictions {n:.1f}")
+        return abs(n - OBS_DR_NEUTRAL_EVICT)
+    best, _ = pick(grid, score)
+    ctx.fit["delayed_replay"] = {"neutral_prefix_tokens": int(best)}
+    say(f"=> delayed_replay neutral_prefix_tokens = {best}")
+
+
 def fit_neutral(ctx: Ctx) -> None:
     grid = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0) if not ctx.quick else (0.1, 0.5, 1.0, 2.0)
 
@@ -487,7 +503,8 @@ def evaluate(ctx: Ctx, use_defaults: bool) -> list:
     dr = runs(ctx, "delayed_replay", S, **ov("delayed_replay"))
     row(t, "delayed_replay: replay-eligible attacker blocks", "suffix_tokens", OBS_DR_ELIGIBLE,
         [replay_eligible([r]) for r in dr], " blocks", "{:.1f}")
-    row(t, "delayed_replay: neutral-phase evictions (LRU)", "neutral_duration_s",
+    row(t, "delayed_replay: neutral-phase evictions (LRU)",
+        "neutral_duration_s" if two else "neutral_prefix_tokens",
         OBS_DR_NEUTRAL_EVICT, [neutral_evictions([r]) for r in dr], "", "{:.1f}")
     sg = runs(ctx, "sharegpt", S, policy="s3fifo", **ov("sharegpt"))
     row(t, "sharegpt: S3-FIFO hit", "system_prompt_tokens, think_time_s", OBS_SG_HIT,
@@ -558,7 +575,7 @@ def main(argv=None) -> int:
         fit_pressure(ctx, "two_pass_replay", OBS_TP_HIT,
                      tuple(np.arange(0.25, 6.01, 0.25)) if not a.quick
                      else (0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0))
-        for stage in (fit_neutral,) + (() if a.attacks_only else
+        for stage in (fit_neutral if two else fit_neutral_prompt,) + (() if a.attacks_only else
                                        (fit_sharegpt, fit_bursty, fit_borrowing)):
             say(f"\n## {stage.__name__}")
             stage(ctx)

@@ -108,6 +108,9 @@ POPULATION_WORKLOADS = ("one_touch", "low_and_slow", "two_pass_replay", "delayed
 """The workloads with a traffic population (:mod:`prefixshield.workloads.population`)."""
 POPULATION_PARAMS = ("population", "background_groups", "victim_share", "victim_rate",
                      "background_prefix_tokens", "background_contract", "background_group")
+PHASED_PARAMS = ("judge", "victim_phase_rate", "neutral_prefix_tokens", "pass_gap_s",
+                 "measured_passes")
+"""delayed_replay's fields of its phased experiment (``judge=pass``), also issue 32."""
 POPULATION_META = ("population", "victim_rate_req_per_s", "victim_share", "background_groups",
                    "population_groups")
 
@@ -121,7 +124,7 @@ def pinned(name: str, overrides: dict):
     t = generate(name, **{**overrides, "population": "two_group"})
     for k in POPULATION_META:
         t.meta.pop(k)
-    for k in POPULATION_PARAMS:
+    for k in POPULATION_PARAMS + (PHASED_PARAMS if name == "delayed_replay" else ()):
         t.meta["params"].pop(k)
     return t
 
