@@ -19,12 +19,12 @@ from prefixshield.workloads.base import (STREAM_ATTACKER, STREAM_BACKGROUND, STR
                                          periodic_times, prefix_suffix_prompts, renewal_times,
                                          rng_for)
 from prefixshield.workloads.population import add_background, check_population
+from prefixshield.workloads.registry import register
 
 JUDGES = ("pass", "run")
 """What a delayed_replay run is judged by: ``pass``, the victim's measured pass over its hot
 prefixes after the neutral phase (the phased experiment); ``run``, every victim request of the
 run after the warm-up (the two-group reading's)."""
-from prefixshield.workloads.registry import register
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,15 @@ class DelayedReplayParams(AttackParams):
     ``clearance_s = debt / rho`` is the designed clearance time (debt of its contract's bucket
     after the admissions, computed from the arrival schedule and every admitted block, prompt and
     decode; see ``meta``), replays the K prefixes ``replay_passes`` times, and then a neutral
-    group creates unique prefixes at ``neutral_rate`` until the end of the run. ``attack=False``
-    removes the attacker rows only (the neutral pressure stays).
+    group creates unique prefixes at ``neutral_rate`` for ``neutral_duration_s``.
+    ``attack=False`` removes the attacker rows only (the neutral pressure stays).
+
+    ``judge`` says what the run is judged by. ``pass`` (the ``background`` population's
+    default): an experiment in phases -- attacker admission, the wait, the replay, the neutral
+    pressure, then a measured victim pass over its hot prefixes, the only measured victim
+    requests (the judged population, said in the run's header); before the pass the victim
+    goes on at ``victim_phase_rate``, unmeasured. ``run`` (``two_group``'s): every victim
+    request after the warm-up, as the workload was before it had phases.
 
     The victim's hot set is half the cache (``hot_fraction=0.5``, unlike one_touch) so that the
     replay can hit at all (this is an ablation of the gate, which decides only on replayed
@@ -54,10 +61,20 @@ class DelayedReplayParams(AttackParams):
         neutral_group, neutral_contract: the neutral-pressure group (role ``benign``).
         neutral_rate: its requests/s (None: the one-touch attacker rate).
         neutral_duration_s: length of the neutral-pressure phase in seconds (None: to the end
-            of the pressure window). 0.1 s is fitted (the reference does not state the phase)
-            to the reference's "about 74 evictions in all" in that phase: at the default rate
-            it holds one neutral request, whose ~97 new blocks cause 83.6 evictions under LRU
-            (10 seeds); no shorter phase exists, so the residual stays (docs/fidelity.md).
+            of the pressure window; ``judge=run`` only). 0.1 s is fitted (the reference does
+            not state the phase) to the reference's "about 74 evictions in all" in that
+            phase: at the default rate it holds one neutral request (two-group reading: its
+            ~97 new blocks cause 83.6 evictions under LRU, 10 seeds; no shorter phase exists).
+        judge: ``pass`` or ``run`` (None: the population's; see above).
+        victim_phase_rate: the victim's requests/s between its warm-up and the measured pass
+            (``judge=pass``; None: its rate in the population; 0: idle), unmeasured.
+        neutral_prefix_tokens: the neutral requests' fresh prefix (tokens; None: the
+            population's). ``background``: 1,200, fitted to the ~74 evictions of the neutral
+            phase (74.4 under LRU here, 10 seeds): one request of 75 new blocks. ``two_group``:
+            1,536, the victim's prefix length (not fitted).
+        pass_gap_s: spacing of the measured pass's requests, and the pause before it (None:
+            the victim's mean gap, ``1 / victim rate``).
+        measured_passes: passes over the hot prefixes in the measured pass.
     """
 
     POPULATION_DEFAULTS = population_defaults(

@@ -72,12 +72,13 @@ class OneTouchParams(AttackParams):
     ``pressure_ratio`` or ``attacker_rate`` is given.
 
     Attributes:
-        duration_s: the measured phase, which the attack covers whole (the attack window). 17 s
-            is fitted (the reference does not state it) to its capacity sweep, where the
-            window is the same at every capacity and the 4,096-block run materializes 5.64
-            full-cache turnovers (5.72 here, over 10 seeds at the 512-block C_prefill). The
-            reference's 512-block LRU P95 TTFT of 1,440 ms needs a window of about 6 s here
-            and is not met (docs/fidelity.md).
+        duration_s: the measured phase, which the attack covers whole (the attack window;
+            None: the population's). Fitted (the reference does not state it) to its capacity
+            sweep, where the window is the same at every capacity and the 4,096-block run
+            materializes 5.64 full-cache turnovers: 20 s under ``background`` (5.65 here over
+            10 seeds at the 512-block C_prefill; the 512-block LRU P95 TTFT is then 1,653 ms
+            against the reference's 1,440), 17 s under ``two_group`` (5.72; P95 3,896 ms:
+            docs/fidelity.md).
         aim: one of :data:`AIMS`. ``session`` models an attacker that knows the fleet's
             ``session`` ring (the endpoint list and the hash, as a client of the production
             stack's router can learn them) and which replicas serve the victim (the victim's

@@ -27,9 +27,10 @@ class TwoPassReplayParams(AttackParams):
 
     Attributes:
         pressure_ratio: creation pressure of the whole pattern (fresh and replayed requests'
-            new blocks) over the attacker's refill. 4.5 is fitted (the reference does not state
-            the rate) to the reference's LRU victim hit ratio under this attack, 92.87%
-            (91.83% here over 10 seeds; docs/fidelity.md). ``duration_s`` keeps the base
+            new blocks) over the attacker's refill (None: the population's). Fitted (the
+            reference does not state the rate) to the reference's LRU victim hit ratio under
+            this attack, 92.87%: 0.75 under ``background`` (91.42% here over 10 seeds), 4.5
+            under ``two_group`` (91.83%; docs/fidelity.md). ``duration_s`` keeps the base
             default of 60 s (not stated, not fitted: no observation constrains it).
         replay_set: K, prefixes per round; default 1: each prefix is replayed right after it
             was admitted (``1 / rate`` later, about when its first request finishes decoding),
