@@ -508,11 +508,24 @@ def readings_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) ->
     from prefixshield.experiments.reproduce import READINGS
     from prefixshield.simulator.metrics import paired_difference
 
+    from prefixshield.experiments.reproduce import WORKLOAD_READINGS
+
     sec = Section("readings", "PrefixShield's readings: which open choices move the results")
     default = READINGS[0][0]
     columns: list[tuple[str, pd.DataFrame, str]] = []   # (case label, hit pivot, baseline)
+    workload_cols: dict[str, list] = {}                 # reading key -> its columns
     for exp in exps:
         baseline = exp.policies[0]
+        if exp.name.startswith("readings-workload-"):
+            key = next(k for k, _, _ in WORKLOAD_READINGS
+                       if exp.name.startswith(f"readings-workload-{k}-"))
+            for pt in exp.points():
+                at = _cells_at(cells, exp, pt.id)
+                blocks = pt.settings.get("blocks", exp.base.get("blocks", 512))
+                workload_cols.setdefault(key, []).append((
+                    f"{exp.workload} {blocks:,} blocks",
+                    at.pivot(index="seed", columns="policy", values="hit_ratio"), baseline))
+            continue
         for pt in exp.points():
             at = _cells_at(cells, exp, pt.id)
             blocks = pt.settings.get("blocks", exp.base.get("blocks", 512))
@@ -538,13 +551,70 @@ def readings_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) ->
                 else:
                     disp[f"{key} (pp)"] = "-"
         rows.append(disp)
+    spec = READINGS[0][0]
+    for key, _, what in WORKLOAD_READINGS:
+        disp = {"reading": what, "policy spec": spec}
+        for label, piv, baseline in workload_cols.get(key, []):
+            col = f"{label}: - {baseline} (pp)"
+            if spec in piv and baseline in piv:
+                both = piv[[spec, baseline]].dropna()
+                d = paired_difference(both[spec].to_numpy(), both[baseline].to_numpy(),
+                                      n_resamples=A.N_RESAMPLES)
+                data.append({"reading": f"workload:{key}", "case": label, "against": baseline,
+                             "mean_diff": d["mean_diff"], "ci_low": d["ci_low"],
+                             "ci_high": d["ci_high"], "seeds": len(both)})
+                disp[col] = A.fmt_ci(d["mean_diff"], d["ci_low"], d["ci_high"])
+        if workload_cols.get(key):
+            rows.append(disp)
     sec.tables.append(Table("readings", sec.title, pd.DataFrame(rows).fillna("-"),
                             pd.DataFrame(data), notes=[
         "Each row runs PrefixShield under one reading of a choice its design leaves open; every "
         "other parameter is the default. '- baseline' is the hit-ratio difference to the case's "
         "baseline policy (LRU under attack, S3-FIFO on ShareGPT: the victim's mean hit ratio, "
         "all requests' on ShareGPT); '- default' the difference to the default reading (first "
-        "row). Percentage points, paired over seeds, 95% bootstrap CI."]))
+        "row). Percentage points, paired over seeds, 95% bootstrap CI. A 'workload:' row "
+        "runs the default PrefixShield and the baseline on another reading of the workload "
+        "(its traces differ from the default's, so it has no '- default' column)."]))
+    return sec
+
+
+def capacity_readings_section(root: Path, cells: pd.DataFrame,
+                              exps: list[Experiment]) -> Section:
+    """How the capacity sweep's hot set grows, read several ways: per reading, the victim
+    working set (% of usable blocks), LRU's and PrefixShield's hit ratios and PrefixShield -
+    LRU (paired, 95% CI) at every capacity."""
+    from prefixshield.experiments.reproduce import CAPACITY_READINGS
+    from prefixshield.workloads import make_params
+
+    sec = Section("readings-capacity", "Capacity readings: how the hot set grows with the cache")
+    what = {f"readings-capacity-{k}": (k, fields, w) for k, fields, w in CAPACITY_READINGS}
+    rows, data = [], []
+    for exp in exps:
+        key, fields, label = what[exp.name]
+        g = A.paired_gains(cells, exp)
+        disp = {"reading": label}
+        for _, r in g[g["policy"] == "prefixshield"].iterrows():
+            blocks = int(r["grid.blocks"])
+            p = make_params("one_touch", num_blocks=blocks, **fields)
+            hot = p.hot_prefixes * ((p.prefix_tokens + p.template_tokens) // p.block_size)
+            lru = g[(g["policy"] == "lru") & (g["grid.blocks"] == r["grid.blocks"])]
+            lru_hit = float(lru["hit_ratio_mean"].iloc[0]) if len(lru) else np.nan
+            data.append({"reading": key, "blocks": blocks,
+                         "working_set_pct": 100 * hot / p.usable_blocks,
+                         "lru_hit_ratio": lru_hit, "prefixshield_hit_ratio": r["hit_ratio_mean"],
+                         "mean_diff": r["hit_ratio_diff"], "ci_low": r["hit_ratio_ci_low"],
+                         "ci_high": r["hit_ratio_ci_high"]})
+            disp[f"{blocks:,}: working set"] = f"{100 * hot / p.usable_blocks:.1f}%"
+            disp[f"{blocks:,}: LRU / PS"] = (f"{A.fmt_pct(lru_hit)} / "
+                                            f"{A.fmt_pct(r['hit_ratio_mean'])}")
+            disp[f"{blocks:,}: PS - LRU (pp)"] = _diff_str(r, "hit_ratio", False)
+        rows.append(disp)
+    sec.tables.append(Table("readings-capacity", sec.title, pd.DataFrame(rows),
+                            pd.DataFrame(data), notes=[
+        "one_touch at each capacity with C_prefill of the reference pool (the same rates and "
+        "attack window at every size); working set: the victim's hot blocks over the usable "
+        "ones (the reference: 76.6% at 1,024-4,096). PS - LRU: paired over seeds, 95% "
+        "bootstrap CI."]))
     return sec
 
 
@@ -718,6 +788,7 @@ SECTION_BUILDERS = {
     "attack": attack_section, "benign": benign_section, "borrowing": borrowing_section,
     "sweeps": sweeps_section, "ablation-segmentation": segmentation_section,
     "ablation-delayed-replay": delayed_replay_section, "readings": readings_section,
+    "readings-capacity": capacity_readings_section,
     "overhead": overhead_section, "schedulers": schedulers_section, "fleet": fleet_section,
 }
 

@@ -257,12 +257,27 @@ def prefix_suffix_prompts(prefix_seg: np.ndarray, prefix_tokens: int, suffix_seg
     return ids, lens
 
 
+def with_template(ids: np.ndarray, lens: np.ndarray, group_index: int, prefix_idx: np.ndarray,
+                  template_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """``[prefix, suffix]`` prompts with a template of ``template_tokens`` tokens between the
+    two, one per prefix (segment ``SYSTEM`` of the group, local id = the prefix index), shared
+    by every request of that prefix; unchanged when ``template_tokens`` is 0."""
+    if template_tokens == 0:
+        return ids, lens
+    tid = segment_ids(group_index, SegmentKind.SYSTEM, prefix_idx)
+    return (np.column_stack([ids[:, 0], tid, ids[:, 1]]),
+            np.column_stack([lens[:, 0], np.full(len(tid), template_tokens, dtype=np.int64),
+                             lens[:, 1]]))
+
+
 def add_cyclic_stream(rows: RequestRows, p: PrefixParams, *, stream: int, group_index: int,
                       group: str, contract: str, role: str, num_prefixes: int,
-                      warmup_gap: float, rate: float | None = None) -> dict[str, float]:
+                      warmup_gap: float, rate: float | None = None,
+                      template_tokens: int = 0) -> dict[str, float]:
     """Warm-up (each prefix once, ``warmup_gap`` s apart, unmeasured), then Poisson(``rate``;
     None: base_rate) requests cycling over the prefixes (prefix_id = prefix index), each with a
-    unique suffix. Returns the measured window and request counts."""
+    unique suffix (after the prefix's template of ``template_tokens``, see
+    :func:`with_template`). Returns the measured window and request counts."""
     rng = rng_for(p.seed, stream)
     check_count(num_prefixes, MAX_REQUESTS, f"{role} prefixes (one warm-up request each)")
     warm_t = np.arange(num_prefixes) * warmup_gap
@@ -278,6 +293,7 @@ def add_cyclic_stream(rows: RequestRows, p: PrefixParams, *, stream: int, group_
     ids, lens = prefix_suffix_prompts(
         segment_ids(group_index, SegmentKind.PREFIX, prefix_idx), p.prefix_tokens,
         segment_ids(group_index, SegmentKind.SUFFIX, np.arange(n)), suffix_len)
+    ids, lens = with_template(ids, lens, group_index, prefix_idx, template_tokens)
     measured = np.arange(n) >= n_w
     rows.add(t, group, contract, role, prefix_idx, measured, out, ids, lens)
     return {"measure_start_s": float(start), "measure_end_s": float(end),

@@ -17,7 +17,7 @@ from prefixshield.workloads.attack import (GI_ATTACKER, GI_NEUTRAL, GI_VICTIM, A
 from prefixshield.workloads.base import (STREAM_ATTACKER, STREAM_BACKGROUND, STREAM_NEUTRAL,
                                          STREAM_VICTIM, add_fresh_prefixes, check,
                                          periodic_times, prefix_suffix_prompts, renewal_times,
-                                         rng_for)
+                                         rng_for, with_template)
 from prefixshield.workloads.population import add_background, check_population
 from prefixshield.workloads.registry import register
 
@@ -246,6 +246,7 @@ def _phased(p: DelayedReplayParams) -> Trace:
     ids, lens = prefix_suffix_prompts(
         segment_ids(GI_VICTIM, SegmentKind.PREFIX, prefix_idx), p.prefix_tokens,
         segment_ids(GI_VICTIM, SegmentKind.SUFFIX, np.arange(n)), p.draw_suffixes(rng, n))
+    ids, lens = with_template(ids, lens, GI_VICTIM, prefix_idx, p.template_tokens)
     rows.add(np.concatenate([warm_t, phase_t, pass_t]), p.victim_group, p.victim_contract,
              "victim", prefix_idx, np.arange(n) >= n_w + n_ph, p.draw_outputs(rng, n), ids,
              lens)

@@ -19,14 +19,16 @@ ATTACKS = ["one_touch", "low_and_slow", "two_pass_replay", "delayed_replay"]
 
 @pytest.mark.parametrize("name", ATTACKS)
 def test_the_background_groups_send_what_the_victim_does_not_of_the_base_load(name):
-    p = make_params(name, seed=3, base_rate=6.0, victim_share=0.5, duration_s=60.0,
-                    **({"pressure_ratio": 1.0} if name == "two_pass_replay" else {}))
+    extra = {"two_pass_replay": {"pressure_ratio": 1.0},
+             "delayed_replay": {"judge": "run"}}.get(name, {})  # the phased one: below
+    p = make_params(name, seed=3, base_rate=6.0, victim_share=0.5, duration_s=60.0, **extra)
     assert p.background_groups == 6 and p.population == "background"
     assert p.victim_request_rate == pytest.approx(3.0)
     assert background_rate(p) * p.background_groups + p.victim_request_rate \
         == pytest.approx(p.base_rate)
-    t = generate(name, **{k: getattr(p, k) for k in ("seed", "base_rate", "victim_share",
-                                                      "duration_s", "pressure_ratio")})
+    t = generate(name, **{**{k: getattr(p, k) for k in ("seed", "base_rate", "victim_share",
+                                                         "duration_s", "pressure_ratio")},
+                          **extra})
     groups = background_names(p)
     assert t.group_names()[:2 + len(groups)] == ["victim", "attacker", *groups]
     r = t.requests
@@ -122,3 +124,44 @@ def test_a_long_trace_with_a_background_streams_the_rows_of_its_in_memory_trace(
     s1 = stream_attack("one_touch", make_params("one_touch", **short))
     assert concat_traces(list(s1.chunks()), s1.seed, s1.vocab_size, one.meta).equals(one)
     assert s1.groups == one.group_names()
+
+
+def test_the_phased_delayed_replay_measures_only_the_victims_pass_after_the_neutral_phase():
+    t = generate("delayed_replay", seed=2, base_rate=6.0)
+    m, r = t.meta, t.requests
+    p = make_params("delayed_replay", seed=2, base_rate=6.0)
+    assert p.judge == "pass" and p.neutral_prefix_tokens == 1200
+    victim = r[r["group"] == "victim"]
+    judged = victim[victim["measured"]]
+    assert list(judged["prefix_id"]) == list(range(p.hot_prefixes))  # each hot prefix once
+    assert (judged["arrival_s"] > m["neutral_end_s"]).all()
+    assert judged["arrival_s"].min() == pytest.approx(m["pass_start_s"])
+    assert m["measure_start_s"] == m["pass_start_s"]
+    before = victim[~victim["measured"]]
+    assert len(before) == p.hot_prefixes + m["victim_phase_requests"]  # warm-up + phases
+    assert m["victim_phase_rate"] == pytest.approx(p.victim_request_rate)
+    assert "measured pass" in m["judged_population"]
+    neutral = r[r["group"] == p.neutral_group]
+    assert len(neutral) == 1 and neutral["arrival_s"].iloc[0] == pytest.approx(
+        m["neutral_start_s"])
+    assert [int(x[0]) for x in neutral["segment_lengths"]] == [1200]
+    att = r[r["role"] == "attacker"]
+    assert att["arrival_s"].max() < m["neutral_start_s"]
+    bg = r[r["group"].str.startswith("tenant")]
+    assert bg["arrival_s"].max() < m["measure_end_s"]
+    idle = generate("delayed_replay", seed=2, base_rate=6.0, victim_phase_rate=0.0)
+    iv = idle.requests[idle.requests["group"] == "victim"]
+    assert len(iv) == 2 * p.hot_prefixes and idle.meta["victim_phase_requests"] == 0
+
+
+def test_a_template_after_each_hot_prefix_grows_the_hot_set_to_98_blocks():
+    for blocks, prefixes in ((1024, 8), (4096, 32)):
+        t = generate("one_touch", num_blocks=blocks, template_tokens=32, base_rate=6.0)
+        assert t.meta["hot_blocks"] == prefixes * 98
+        assert round(100 * t.meta["hot_blocks"] / (blocks - 1), 1) == 76.6
+        v = t.requests[t.requests["group"] == "victim"]
+        segs = {(int(a[0]), int(a[1])) for a in v["segment_ids"]}
+        assert len(segs) == prefixes  # one template per prefix, shared by its requests
+        assert {int(x[1]) for x in v["segment_lengths"]} == {32}
+    plain = generate("one_touch", seed=4, base_rate=6.0)
+    assert {len(x) for x in plain.requests["segment_ids"]} == {2}

@@ -305,7 +305,7 @@ def test_delayed_replay_waits_for_the_designed_clearance_time(wait_factor):
 
 def test_delayed_replay_rejects_a_schedule_longer_than_the_run():
     with pytest.raises(ValueError, match="does not fit"):
-        gen.delayed_replay(DelayedReplayParams(duration_s=3.0, wait_factor=1.0))
+        gen.delayed_replay(DelayedReplayParams(duration_s=3.0, wait_factor=1.0, judge="run"))
 
 
 # ---- ShareGPT ---------------------------------------------------------------------------------
