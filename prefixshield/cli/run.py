@@ -277,6 +277,8 @@ def _print_header(workload, trace, spec, info) -> None:
     line = population_text(meta)
     if line:
         console.print(line)
+    if "judged_population" in meta:
+        console.print(f"judged population: {meta['judged_population']}")
     if "designed_pressure_ratio" in meta:
         console.print(f"attacker: {meta['attacker_rate']:.3g} req/s, designed creation pressure "
                       f"{meta['designed_pressure_ratio']:.2f} x its refill "
