@@ -94,8 +94,8 @@ from prefixshield.traces.segments import SegmentKind, segment_ids
 from prefixshield.workloads.attack import GI_ATTACKER, AttackParams, attack_meta, victim_and_window
 from prefixshield.workloads.base import (STREAM_ATTACKER, check, periodic_times,
                                          prefix_suffix_prompts, rng_for, with_lead)
-from prefixshield.workloads.one_touch import (DEFAULT_AIM_REPLICAS, OneTouchParams, check_aim,
-                                              lead_blocks_for, prefix_aim, session_aim)
+from prefixshield.workloads.one_touch import (DEFAULT_AIM_REPLICAS, check_aim, lead_blocks_for,
+                                              prefix_aim, session_aim)
 from prefixshield.workloads.registry import register
 
 BUDGET_UNITS = ("requests", "prompt_tokens", "tokens", "block_s")
