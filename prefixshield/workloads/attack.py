@@ -5,9 +5,14 @@ Timeline::
 
     t = 0                      measure_start_s                              measure_end_s
     |-- warm-up (measured=False) --|------------ measured phase (duration_s) ----------|
-     each hot prefix once, within   victim: Poisson(base_rate), cycling the hot prefixes
-     the victim's entitlement       attacker: window [pressure_start_s, +pressure_duration_s)
+     each hot prefix once, within   victim: Poisson(victim share x base_rate), cycling the
+     the victim's entitlement               hot prefixes
+                                    background groups: Poisson(the rest of base_rate)
+                                    attacker: window [pressure_start_s, +pressure_duration_s)
                                     (relative to measure_start_s; default: the whole phase)
+
+The base load ``base_rate = alpha x C_prefill`` is the whole trace's: who sends it is the
+population (:mod:`prefixshield.workloads.population`; ``two_group``: the victim alone).
 
 Defaults and where they come from ("the reference setup" is the reference study's stated setup):
 
@@ -47,10 +52,10 @@ from prefixshield.traces.rows import RequestRows
 from prefixshield.traces.schema import Trace
 from prefixshield.traces.segments import SegmentKind, segment_ids
 from prefixshield.traces.stream import TraceStream, concat_traces
-from prefixshield.workloads.base import (STREAM_ATTACKER, STREAM_VICTIM, PrefixParams,
-                                         add_cyclic_stream, add_fresh_prefixes, check,
-                                         periodic_times, prefix_suffix_prompts, renewal_times,
-                                         rng_for, STREAM_BACKGROUND, with_template)
+from prefixshield.workloads.base import (STREAM_ATTACKER, STREAM_BACKGROUND, STREAM_VICTIM,
+                                         PrefixParams, add_cyclic_stream, add_fresh_prefixes,
+                                         check, periodic_times, prefix_suffix_prompts,
+                                         renewal_times, rng_for, with_template)
 from prefixshield.workloads.population import (POPULATIONS, add_background, background_names,
                                                canonical_tenants, check_background_size,
                                                check_population, population_meta)
