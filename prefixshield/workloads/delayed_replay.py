@@ -171,7 +171,14 @@ def delayed_replay(params: DelayedReplayParams | None = None) -> Trace:
                        replay_start_s=replay_start, neutral_start_s=neutral_start,
                        neutral_end_s=n_end,
                        neutral_rate=n_rate, neutral_requests=len(t_n))
-    return finish_attack(rows, p, meta)
+    return finish_attack(rows, p, with_neutral(meta, p, n_rate))
+
+
+def with_neutral(meta: dict, p: DelayedReplayParams, n_rate: float) -> dict:
+    """``meta`` with the neutral group among the population's groups (the run header's)."""
+    group = {"group": p.neutral_group, "contract": p.neutral_contract, "role": "neutral",
+             "rate_req_per_s": n_rate}
+    return {**meta, "population_groups": [*meta["population_groups"], group]}
 
 
 def _attacker(p: DelayedReplayParams, rows: RequestRows, w0: float):
@@ -267,4 +274,4 @@ def _phased(p: DelayedReplayParams) -> Trace:
                                           f"{p.measured_passes} time(s), {pass_gap:.3g} s "
                                           f"apart (its {n_ph} requests before, at "
                                           f"{v_rate:.3g} req/s, are not measured)"))
-    return finish_attack(rows, p, meta)
+    return finish_attack(rows, p, with_neutral(meta, p, n_rate))

@@ -141,7 +141,7 @@ BACKGROUND_CASES = [
     ('low_and_slow', {'seed': 0}, 'c49017fd5c316546'),
     ('low_and_slow', {'seed': 3, 'attack': False}, '003700b29a6c3041'),
     ('two_pass_replay', {'seed': 0}, 'b2227e551cb162dd'),
-    ('delayed_replay', {'seed': 0}, '2cdf9921759a1a05'),
+    ('delayed_replay', {'seed': 0}, 'baee16325ffb6808'),
     ('one_touch', {'seed': 5, 'duration_s': 400.0}, '0d790f798e250d44'),
     ('low_and_slow', {'seed': 3, 'duration_s': 1500.0, 'base_rate': 2.0},
      '8e060505de547cf5'),
