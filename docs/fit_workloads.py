@@ -76,6 +76,8 @@ OBS_DR_ELIGIBLE, OBS_DR_NEUTRAL_EVICT = 193.0, 74.0
 OBS_SG_HIT, OBS_SG_P95 = 38.85, 96.5           # sharegpt S3-FIFO
 OBS_BSG_HIT, OBS_BSG_P95 = 38.72, 185.5        # bursty_sharegpt S3-FIFO
 OBS_WORKING_SET = 76.6                          # victim working set, % of usable, 1,024-4,096
+ATTACKS = ("one_touch", "low_and_slow", "two_pass_replay", "delayed_replay")
+LS_NEAR_REFILL = 1.25          # "creation just above its refill": the low-and-slow attacker
 
 
 @dataclass
@@ -87,10 +89,17 @@ class Ctx:
     quick: bool
     fit: dict[str, dict] = field(default_factory=dict)
     profile: object = None
+    population: str = "background"
 
     def shape(self) -> dict:
         """The fitted request shape shared by every prefix workload."""
         return dict(self.fit.get("shape", {}))
+
+    def attack(self, workload: str) -> dict:
+        """Overrides of an attack workload: the population, the shape, the victim's share
+        and the workload's own fitted values."""
+        return {"population": self.population, **self.shape(), **self.fit.get("population", {}),
+                **self.fit.get(workload, {})}
 
 
 def spec_for(ctx: Ctx, workload: str, policy: str, seed: int, blocks: int, ov: dict) -> RunSpec:
@@ -161,7 +170,8 @@ def fit_suffix(ctx: Ctx) -> None:
 
     def score(hi):
         sh = {**ctx.shape(), "suffix_tokens": (1, hi)}
-        c = mean(runs(ctx, "low_and_slow", ctx.search_seeds, attack=False, **sh), "hit")
+        c = mean(runs(ctx, "low_and_slow", ctx.search_seeds,
+                      **{**ctx.attack("low_and_slow"), **sh, "attack": False}), "hit")
         b = mean(runs(ctx, "borrowing", ctx.search_seeds, **sh), "hit")
         say(f"  suffix_tokens=(1,{hi}): control {c:.2f}%  borrowing {b:.2f}%")
         return (c - OBS_CONTROL) ** 2 + (b - OBS_BORROW_HIT) ** 2
@@ -170,16 +180,36 @@ def fit_suffix(ctx: Ctx) -> None:
     say(f"=> suffix_tokens = (1, {best})")
 
 
+def fit_victim_share(ctx: Ctx) -> None:
+    """The victim's share of the base load: LRU's victim hit ratio under the low-and-slow
+    attacker just above its refill (pressure 1.25), 92.64%; the no-attack control is shown."""
+    grid = tuple(np.round(np.arange(0.40, 1.0001, 0.025), 3)) if not ctx.quick \
+        else (0.4, 0.5, 0.6, 0.8, 1.0)
+
+    def score(v):
+        ov = {**ctx.attack("low_and_slow"), "victim_share": float(v),
+              "pressure_ratio": LS_NEAR_REFILL}
+        h = mean(runs(ctx, "low_and_slow", ctx.search_seeds, **ov), "hit")
+        c = mean(runs(ctx, "low_and_slow", ctx.search_seeds, **ov, attack=False), "hit")
+        say(f"  victim_share={v:g}: LRU under attack {h:.2f}%, control {c:.2f}%")
+        return abs(h - OBS_LS_HIT)
+    best, _ = pick(grid, score)
+    ctx.fit["population"] = {"victim_share": float(best)}
+    ctx.fit.setdefault("low_and_slow", {})["pressure_ratio"] = LS_NEAR_REFILL
+    say(f"=> victim_share = {best}")
+
+
 def fit_one_touch_window(ctx: Ctx) -> None:
     rate = base_rate(ctx, **ctx.shape())
     grid = range(4, 31) if not ctx.quick else (5, 10, 15, 20, 25, 30)
+    ov = {k: v for k, v in ctx.attack("one_touch").items() if k != "duration_s"}
 
     def score(d):
         rows = runs(ctx, "one_touch", ctx.search_seeds, blocks=4096, duration_s=float(d),
-                    base_rate=rate, **ctx.shape())
+                    base_rate=rate, **ov)
         t = mean(rows, "turnovers")
         # shown, not scored: the 512-block observations at the same window
-        small = runs(ctx, "one_touch", ctx.search_seeds, duration_s=float(d), **ctx.shape())
+        small = runs(ctx, "one_touch", ctx.search_seeds, duration_s=float(d), **ov)
         say(f"  duration_s={d}: 4,096 blocks: turnovers {t:.2f}, LRU hit {mean(rows, 'hit'):.2f}%"
             f" | 512 blocks: LRU hit {mean(small, 'hit'):.2f}%, P95 {mean(small, 'p95_ms'):.0f} ms")
         return abs(t - OBS_CAP_TURN)
@@ -188,14 +218,62 @@ def fit_one_touch_window(ctx: Ctx) -> None:
     say(f"=> one_touch duration_s = {best}")
 
 
+def measured_pressure(ctx: Ctx, workload: str, ov: dict, pressure: float) -> float:
+    """The attacker's measured creation pressure under LRU at a designed ``pressure`` (first
+    search seed: it hardly varies with the seed)."""
+    return mean(runs(ctx, workload, ctx.search_seeds[:1], **ov, pressure_ratio=pressure),
+                "pressure")
+
+
+def sweep_rates(ctx: Ctx, workload: str, ov: dict) -> dict[float, float]:
+    """Per sweep point (nominal 0.5/1/2/4), the designed pressure whose measured pressure over
+    the window of ``ov`` is the reference's measured ratio (0.54/1.02/2.14/4.23): three
+    multiplicative corrections from the measured ratio itself."""
+    out = {}
+    for nominal, (target, _) in OBS_SWEEP.items():
+        pr = target
+        for _ in range(3):
+            m = measured_pressure(ctx, workload, ov, pr)
+            pr = pr * target / m
+        out[nominal] = round(float(pr), 4)
+    return out
+
+
+def fit_sweep(ctx: Ctx) -> None:
+    """The creation-pressure sweep on one_touch: its window, fitted to the attacker's mean
+    debt at the reference's measured ratios 2.14 and 4.23 (260.90 and 901.91 blocks, least
+    squares on log debt), each point's attacker rate solved for its measured ratio."""
+    grid = range(30, 57, 2) if not ctx.quick else (30, 40, 50)
+    base = {k: v for k, v in ctx.attack("one_touch").items() if k != "duration_s"}
+    found = {}
+
+    def score(d):
+        ov = {**base, "duration_s": float(d)}
+        rates = sweep_rates(ctx, "one_touch", ov)
+        found[d] = rates
+        err, msg = 0.0, []
+        for nominal in (2.0, 4.0):
+            rows = runs(ctx, "one_touch", ctx.search_seeds, **ov, pressure_ratio=rates[nominal])
+            debt = mean(rows, "debt")
+            err += math.log(max(debt, 1e-9) / OBS_SWEEP[nominal][1]) ** 2
+            msg.append(f"designed {rates[nominal]:.3f}: measured {mean(rows, 'pressure'):.2f}, "
+                       f"debt {debt:.1f}")
+        say(f"  sweep duration_s={d}: " + "; ".join(msg))
+        return err
+    best, _ = pick(grid, score)
+    ctx.fit["sweep"] = {"duration_s": float(best), "pressure_ratios": found[best]}
+    say(f"=> one_touch sweep duration_s = {best}, designed pressures {found[best]}")
+
+
 def fit_low_and_slow_window(ctx: Ctx) -> None:
+    """The two-group reading's sweep (on low_and_slow, as it was run): its window."""
     grid = range(30, 61, 2) if not ctx.quick else (30, 40, 50)
 
     def score(d):
         err, msg = 0.0, []
         for pr in (2.0, 4.0):
             rows = runs(ctx, "low_and_slow", ctx.search_seeds, duration_s=float(d),
-                        pressure_ratio=pr, **ctx.shape())
+                        pressure_ratio=pr, **ctx.shape(), population=ctx.population)
             debt = mean(rows, "debt")
             err += math.log(max(debt, 1e-9) / OBS_SWEEP[pr][1]) ** 2
             msg.append(f"pressure {pr}: measured {mean(rows, 'pressure'):.2f}, debt {debt:.1f}")
@@ -207,10 +285,11 @@ def fit_low_and_slow_window(ctx: Ctx) -> None:
 
 
 def fit_pressure(ctx: Ctx, workload: str, obs: float, grid) -> None:
-    fixed = {**ctx.shape(), **ctx.fit.get(workload, {})}
+    fixed = ctx.attack(workload)
 
     def score(pr):
-        h = mean(runs(ctx, workload, ctx.search_seeds, pressure_ratio=float(pr), **fixed), "hit")
+        h = mean(runs(ctx, workload, ctx.search_seeds, **{**fixed, "pressure_ratio": float(pr)}),
+                 "hit")
         say(f"  pressure_ratio={pr:g}: LRU victim hit {h:.2f}%")
         return abs(h - obs)
     best, _ = pick(grid, score)
@@ -237,12 +316,29 @@ def replay_eligible(rows: list[dict], block_size: int = 16) -> float:
     return float(np.mean(vals))
 
 
+def fit_neutral_prompt(ctx: Ctx) -> None:
+    """The phased delayed replay's neutral request (one, in the 0.1 s phase): its prompt,
+    fitted to the ~74 evictions the neutral phase causes (LRU)."""
+    grid = range(800, 1537, 16) if not ctx.quick else (1024, 1200, 1536)
+
+    def score(npt):
+        n = neutral_evictions(runs(ctx, "delayed_replay", ctx.search_seeds,
+                                   **{**ctx.attack("delayed_replay"),
+                                      "neutral_prefix_tokens": npt}))
+        say(f"  neutral_prefix_tokens={npt}: neutral-phase evictions {n:.1f}")
+        return abs(n - OBS_DR_NEUTRAL_EVICT)
+    best, _ = pick(grid, score)
+    ctx.fit["delayed_replay"] = {"neutral_prefix_tokens": int(best)}
+    say(f"=> delayed_replay neutral_prefix_tokens = {best}")
+
+
 def fit_neutral(ctx: Ctx) -> None:
     grid = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0) if not ctx.quick else (0.1, 0.5, 1.0, 2.0)
 
     def score(nd):
         n = neutral_evictions(runs(ctx, "delayed_replay", ctx.search_seeds,
-                                   neutral_duration_s=nd, **ctx.shape()))
+                                   **{**ctx.attack("delayed_replay"),
+                                      "neutral_duration_s": nd}))
         say(f"  neutral_duration_s={nd}: neutral-phase evictions {n:.1f}")
         return abs(n - OBS_DR_NEUTRAL_EVICT)
     best, _ = pick(grid, score)
@@ -325,11 +421,25 @@ def row(table: list, what: str, param: str, obs: float, vals, unit: str = "",
                   f"{res:+.2f}{' pp' if unit == '%' else unit}", met))
 
 
+def sweep_settings(ctx: Ctx, use_defaults: bool) -> tuple[float, dict[float, float]]:
+    """The one_touch pressure sweep's window and designed pressures: fitted, or the package's
+    (``prefixshield.workloads.one_touch.PRESSURE_SWEEP``)."""
+    if not use_defaults and "sweep" in ctx.fit:
+        return ctx.fit["sweep"]["duration_s"], ctx.fit["sweep"]["pressure_ratios"]
+    from prefixshield.workloads.one_touch import PRESSURE_SWEEP, PRESSURE_SWEEP_DURATION_S
+
+    return PRESSURE_SWEEP_DURATION_S, dict(PRESSURE_SWEEP)
+
+
 def evaluate(ctx: Ctx, use_defaults: bool) -> list:
-    """Every observation at the fitted values (explicit overrides) or the package defaults."""
+    """Every observation at the fitted values (explicit overrides) or the package defaults,
+    under ``ctx.population``."""
     S = ctx.final_seeds
+    two = ctx.population == "two_group"
 
     def ov(workload: str) -> dict:
+        if workload in ATTACKS:
+            return {"population": ctx.population} if use_defaults else ctx.attack(workload)
         if use_defaults:
             return {}
         shape = ctx.shape() if workload not in ("sharegpt", "bursty_sharegpt") else {}
@@ -359,30 +469,42 @@ def evaluate(ctx: Ctx, use_defaults: bool) -> list:
                   f"{100 * p.hot_prefixes * full / p.usable_blocks:.1f}% with the longest "
                   f"suffix's full blocks)", "-", "-"))
 
-    def control_and_attack(workload: str, obs_attack: float) -> dict:
+    def control_and_attack(workload: str, obs_attack: float, param: str) -> dict:
         """The rows of LRU's no-attack control and of LRU under attack; returns the
         workload's overrides."""
         o = ov(workload)
-        ctl = runs(ctx, workload, S, attack=False, **o)
+        ctl = runs(ctx, workload, S, **{**o, "attack": False})
         row(t, f"{workload}: LRU no-attack control", "suffix_tokens", OBS_CONTROL,
             [r["hit"] for r in ctl], "%")
         att = runs(ctx, workload, S, **o)
-        row(t, f"{workload}: LRU under attack", f"{workload} pressure_ratio", obs_attack,
-            [r["hit"] for r in att], "%")
+        row(t, f"{workload}: LRU under attack", param, obs_attack, [r["hit"] for r in att], "%")
         return o
 
-    ls = control_and_attack("low_and_slow", OBS_LS_HIT)
-    for pr, (m_obs, d_obs) in OBS_SWEEP.items():
-        sw = runs(ctx, "low_and_slow", S, **{**ls, "pressure_ratio": pr})
-        row(t, f"pressure sweep {pr}: measured ratio", "low_and_slow duration_s", m_obs,
-            [r["pressure"] for r in sw])
-        row(t, f"pressure sweep {pr}: attacker mean debt", "low_and_slow duration_s", d_obs,
-            [r["debt"] for r in sw], " blocks", "{:.1f}")
-    control_and_attack("two_pass_replay", OBS_TP_HIT)
+    ls = control_and_attack("low_and_slow", OBS_LS_HIT, "low_and_slow pressure_ratio" if two
+                            else f"victim_share (pressure {LS_NEAR_REFILL} held)")
+    if two:  # the two-group reading ran the sweep on low_and_slow
+        for pr, (m_obs, d_obs) in OBS_SWEEP.items():
+            sw = runs(ctx, "low_and_slow", S, **{**ls, "pressure_ratio": pr})
+            row(t, f"low_and_slow sweep {pr}: measured ratio", "low_and_slow duration_s", m_obs,
+                [r["pressure"] for r in sw])
+            row(t, f"low_and_slow sweep {pr}: attacker mean debt", "low_and_slow duration_s",
+                d_obs, [r["debt"] for r in sw], " blocks", "{:.1f}")
+    else:
+        window, rates = sweep_settings(ctx, use_defaults)
+        for nominal, (m_obs, d_obs) in OBS_SWEEP.items():
+            sw = runs(ctx, "one_touch", S, **{**sh, "duration_s": window,
+                                               "pressure_ratio": rates[nominal]})
+            row(t, f"one_touch sweep {nominal}: measured ratio",
+                f"designed pressure {rates[nominal]:g}", m_obs, [r["pressure"] for r in sw])
+            row(t, f"one_touch sweep {nominal}: attacker mean debt",
+                f"sweep window {window:g} s", d_obs, [r["debt"] for r in sw], " blocks",
+                "{:.1f}")
+    control_and_attack("two_pass_replay", OBS_TP_HIT, "two_pass_replay pressure_ratio")
     dr = runs(ctx, "delayed_replay", S, **ov("delayed_replay"))
     row(t, "delayed_replay: replay-eligible attacker blocks", "suffix_tokens", OBS_DR_ELIGIBLE,
         [replay_eligible([r]) for r in dr], " blocks", "{:.1f}")
-    row(t, "delayed_replay: neutral-phase evictions (LRU)", "neutral_duration_s",
+    row(t, "delayed_replay: neutral-phase evictions (LRU)",
+        "neutral_duration_s" if two else "neutral_prefix_tokens",
         OBS_DR_NEUTRAL_EVICT, [neutral_evictions([r]) for r in dr], "", "{:.1f}")
     sg = runs(ctx, "sharegpt", S, policy="s3fifo", **ov("sharegpt"))
     row(t, "sharegpt: S3-FIFO hit", "system_prompt_tokens, think_time_s", OBS_SG_HIT,
@@ -417,35 +539,44 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="also write the final Markdown table to this file")
     ap.add_argument("--defaults", action="store_true",
                     help="skip the search: only evaluate the package's defaults")
+    ap.add_argument("--population", choices=("background", "two_group"), default="background",
+                    help="the attack workloads' traffic population (default: background)")
+    ap.add_argument("--attacks-only", action="store_true",
+                    help="search the attack workloads' stages only (the benign ones at the "
+                         "package defaults: the population does not touch them)")
     a = ap.parse_args(argv)
     # Searching and reporting use different seeds, so the table is not scored on the runs the
     # search chose by.
     ctx = Ctx(search_seeds=(100, 101) if a.quick else (100, 101, 102, 103, 104),
               final_seeds=tuple(range(3 if a.quick else 10)), quick=a.quick,
-              profile=load_profile(PROFILE))
+              profile=load_profile(PROFILE), population=a.population)
+    two = a.population == "two_group"
     t0 = time.time()
     if not a.defaults:
-        # Output length and suffix interact a little (the suffix is part of the C_prefill
-        # probe's prompts): alternate until neither moves.
+        # Output length, suffix and (background) the victim's share interact a little (the
+        # suffix is part of the C_prefill probe's prompts and sets the control's ceiling; the
+        # share moves the control): alternate until none moves.
         for _ in range(3):
-            before = ctx.shape()
-            for stage in (fit_outputs, fit_suffix):
+            before = (ctx.shape(), dict(ctx.fit.get("population", {})))
+            for stage in (fit_outputs, fit_suffix) + (() if two else (fit_victim_share,)):
                 say(f"\n## {stage.__name__}")
                 stage(ctx)
-            if ctx.shape() == before:
+            if (ctx.shape(), ctx.fit.get("population", {})) == before:
                 break
-        for stage in (fit_one_touch_window, fit_low_and_slow_window):
+        for stage in (fit_one_touch_window, fit_low_and_slow_window if two else fit_sweep):
             say(f"\n## {stage.__name__}")
             stage(ctx)
-        say("\n## fit_pressure low_and_slow")
-        fit_pressure(ctx, "low_and_slow", OBS_LS_HIT,
-                     (1.25, 2.0, 3.0) + tuple(np.arange(4.0, 9.01, 0.25)) if not a.quick
-                     else (1.25, 5.0, 6.5, 8.0))
+        if two:
+            say("\n## fit_pressure low_and_slow")
+            fit_pressure(ctx, "low_and_slow", OBS_LS_HIT,
+                         (1.25, 2.0, 3.0) + tuple(np.arange(4.0, 9.01, 0.25)) if not a.quick
+                         else (1.25, 5.0, 6.5, 8.0))
         say("\n## fit_pressure two_pass_replay")
         fit_pressure(ctx, "two_pass_replay", OBS_TP_HIT,
-                     (1.25, 2.0) + tuple(np.arange(2.5, 6.01, 0.25)) if not a.quick
-                     else (1.25, 3.0, 4.0, 5.0))
-        for stage in (fit_neutral, fit_sharegpt, fit_bursty, fit_borrowing):
+                     tuple(np.arange(0.25, 6.01, 0.25)) if not a.quick
+                     else (0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0))
+        for stage in (fit_neutral if two else fit_neutral_prompt,) + (() if a.attacks_only else
+                                       (fit_sharegpt, fit_bursty, fit_borrowing)):
             say(f"\n## {stage.__name__}")
             stage(ctx)
         say("\nfitted values:")

@@ -71,9 +71,17 @@ def assert_same_run(a, b, steps: bool = True) -> None:
 
 def small_trace(name: str, seed: int = 0, **overrides) -> Trace:
     """Workload ``name`` (with parameter ``overrides``) at the shortest measured phase (of a
-    few) its generator accepts."""
-    from prefixshield.workloads import generate
+    few) its generator accepts. An attack workload draws the ``two_group`` population unless
+    ``overrides`` name one: these traces serve the engine's equivalence tests, which run every
+    policy (a static quota cannot serve the 8-group background population: its 63-block
+    shares are smaller than one victim request)."""
+    import dataclasses
 
+    from prefixshield.workloads import WORKLOADS, generate
+
+    fields = {f.name for f in dataclasses.fields(WORKLOADS[name].params_type)}
+    if "population" in fields:
+        overrides.setdefault("population", "two_group")
     for duration_s in (5.0, 10.0, 20.0, 40.0):
         try:
             return generate(name, duration_s=duration_s, seed=seed, **overrides)

@@ -40,14 +40,23 @@ def test_run_header_says_how_the_load_was_measured_and_the_attack_sized():
     assert "C_prefill" in text and "32 distinct-prefix requests" in text
     assert "1,536-token prefix" in text and "azure_conv outputs (mean 8 tokens, at most 8)" in text
     assert "designed creation pressure" in text and "attacker pressure" in text
+    # the population: every group with its contract and rate
+    assert "population (background): 8 groups; victim share 0.575 of the base rate" in text
+    assert "6 background groups tenant1..tenant6 (benign, standard)" in text
+    assert "attacker (attacker, best_effort)" in text
+    r = invoke("run", "delayed_replay", "--policy", "lru", *SMALL)
+    assert "judged population: the victim's measured pass after the neutral phase" in " ".join(
+        r.output.split())
     r = invoke("run", "one_touch", "--policy", "lru", *SMALL, "--set", "base_rate=1.5")
     assert "base rate 1.5 req/s (given)" in " ".join(r.output.split())
 
 
 def test_control_keeps_the_attacker_configured_so_the_quota_is_sized_the_same(tmp_path):
     out = tmp_path / "out"
+    # the two-group population: with the default 8 groups a static share (63 blocks) cannot
+    # hold one victim request (tests/regression/test_behaviour.py)
     r = invoke("run", "one_touch", "-p", "static_quota", *SMALL, "--set", "attack=false",
-               "--out", out)
+               "--set", "population=two_group", "--out", out)
     assert r.exit_code == 0, r.output
     assert "silent (control)" in r.output
     groups = pd.read_csv(out / "static_quota" / "groups.csv")

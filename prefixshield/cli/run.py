@@ -393,6 +393,13 @@ def _print_header(workload, trace, spec, info, sizing=None) -> None:
                       f"{spec.alpha:g} x C_prefill {info['c_prefill_req_per_s']:.3g} req/s "
                       f"(measured: {info['c_prefill_probe']})")
     meta = trace.meta
+    from prefixshield.workloads.population import population_text
+
+    line = population_text(meta)
+    if line:
+        console.print(line)
+    if "judged_population" in meta:
+        console.print(f"judged population: {meta['judged_population']}")
     if "designed_pressure_ratio" in meta:
         console.print(f"attacker: {meta['attacker_rate']:.3g} req/s, designed creation pressure "
                       f"{meta['designed_pressure_ratio']:.2f} x its refill "
@@ -512,6 +519,11 @@ def _run_stream(spec, out_dir, contracts_mode) -> None:
     console.print(f"[bold]{spec.workload}[/] (streamed): {len(stream.groups)} groups; profile "
                   f"{spec.profile.name}; {e.num_blocks} blocks x {e.block_size} tokens; vLLM "
                   f"compat {e.vllm_compat}")
+    from prefixshield.workloads.population import population_text
+
+    line = population_text(stream.meta)
+    if line:
+        console.print(line)
     timings: dict[str, float] = {}
     failures: dict[str, str] = {}
     with Stages(total=len(spec.policies)) as stages:

@@ -56,6 +56,10 @@ from prefixshield.experiments.store import ResultsStore
 from prefixshield.parquetfiles import read_frame
 
 FIXED_ATTACKS = ("one_touch", "low_and_slow", "two_pass_replay")
+FIXED_FIELDS = {"population": "two_group"}
+"""What the hand-written attacks (and one_touch's budget measurement) run with: the population
+``searched_attack``'s victim has, ``two_group`` (the search space was not refitted to the
+background population, so its victim and the fixed attacks' are the same victim)."""
 OBJECTIVES = ("hit_ratio", "p95_ttft")
 SAMPLERS = ("tpe", "cmaes")
 N_RESAMPLES = 10_000
@@ -263,7 +267,7 @@ def resolve(config: SearchConfig) -> Resolved:
     limits = p.limits() if pre else {}
     shapes, designed = {}, {}
     for w in FIXED_ATTACKS:
-        pw, _ = resolve_params(run_spec(w, dict(config.base), 0, ("lru",)))
+        pw, _ = resolve_params(run_spec(w, {**config.base, **FIXED_FIELDS}, 0, ("lru",)))
         # The hand-written attackers send prefix + suffix prompts with the data's outputs.
         shapes[w] = replace(p, attacker_prefix_tokens=pw.prefix_tokens,
                             attacker_output_tokens=None)
@@ -315,7 +319,8 @@ def _measure_block_s(config: SearchConfig, rate: float, window: float) -> float:
 
     vals = []
     for seed in config.search_seeds:
-        spec = run_spec("one_touch", {**config.base, "attacker_rate": rate}, seed, ("lru",))
+        spec = run_spec("one_touch", {**config.base, **FIXED_FIELDS, "attacker_rate": rate},
+                        seed, ("lru",))
         trace, _ = build_trace(spec)
         vals.append(summarize(run_policies(trace, spec)["lru"])["attacker_block_s"] / window)
     return float(np.mean(vals))
@@ -340,7 +345,7 @@ def fixed_experiments(config: SearchConfig, r: Resolved) -> list[Experiment]:
             Experiment("heldout.control", WORKLOAD, config.policies, config.held_out_seeds,
                        base={**base, "attack": False}, title="no-attack control, held-out seeds")]
     for w in FIXED_ATTACKS:
-        wb = {**config.base, "attacker_rate": r.spend[w]}
+        wb = {**config.base, **FIXED_FIELDS, "attacker_rate": r.spend[w]}
         exps.append(Experiment(f"fixed.{w}", w, config.policies, config.search_seeds, base=wb,
                                title=f"{w} at the budget"))
         exps.append(Experiment(f"fixed.{w}.control", w, config.policies, config.search_seeds,

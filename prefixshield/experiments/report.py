@@ -350,20 +350,23 @@ def sweeps_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) -> S
 
     sec = Section("sweeps", "Sweeps: capacity, creation pressure, load, profile")
     for exp in exps:
-        metrics = A.HEADLINE + ("attacker_pressure_ratio",)
+        metrics = A.HEADLINE + ("attacker_pressure_ratio", "attacker_mean_debt_blocks")
         g = A.paired_gains(cells, exp, metrics=metrics)
         key = exp.grid_keys[0]
         base = exp.baseline_policy
         rows = []
         for _, r in g.iterrows():
-            rows.append({key: r[f"grid.{key}"] if not isinstance(r[f"grid.{key}"], float)
-                         else value_text(r[f"grid.{key}"]),
-                         "policy": r["policy"], "hit ratio": A.fmt_pct(r["hit_ratio_mean"]),
-                         f"gain vs {base} (pp)": _diff_str(r, "hit_ratio", r["policy"] == base),
-                         "token hit ratio": A.fmt_pct(r["token_hit_ratio_mean"]),
-                         "P95 TTFT (s)": A.fmt_num(r["p95_ttft_s_mean"]),
-                         "measured pressure": A.fmt_num(r["attacker_pressure_ratio_mean"], ".2f"),
-                         "note": _failed_note(r)})
+            row = {key: r[f"grid.{key}"] if not isinstance(r[f"grid.{key}"], float)
+                   else value_text(r[f"grid.{key}"]),
+                   "policy": r["policy"], "hit ratio": A.fmt_pct(r["hit_ratio_mean"]),
+                   f"gain vs {base} (pp)": _diff_str(r, "hit_ratio", r["policy"] == base),
+                   "token hit ratio": A.fmt_pct(r["token_hit_ratio_mean"]),
+                   "P95 TTFT (s)": A.fmt_num(r["p95_ttft_s_mean"]),
+                   "measured pressure": A.fmt_num(r["attacker_pressure_ratio_mean"], ".2f")}
+            if key == "pressure_ratio":  # the reference's sweep reports the attacker's debt
+                row["attacker mean debt (blocks)"] = A.fmt_num(
+                    r["attacker_mean_debt_blocks_mean"], ".1f")
+            rows.append({**row, "note": _failed_note(r)})
         sec.tables.append(Table(exp.name, exp.title, pd.DataFrame(rows), g))
         series = {label: [(r["hit_ratio_diff"], r["hit_ratio_ci_low"], r["hit_ratio_ci_high"])
                           for _, r in g[g["policy"] == label].iterrows()]
@@ -419,14 +422,19 @@ def segmentation_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]
 
 def delayed_replay_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) -> Section:
     """Delayed-replay ablation: at each wait (x the designed clearance time), the attacker's
-    promoted and gated blocks and the evictions of attacker- and victim-owned blocks with the
-    gate on and off, and the victim's hit-ratio gap on - off (paired, 95% CI)."""
+    promoted and gated blocks, the evictions the neutral phase caused by owner (attacker,
+    victim, background groups), with the gate on and off, and the victim's hit ratio on the
+    judged population (the measured pass after the neutral phase), on, off and on - off
+    (paired, 95% CI)."""
     from prefixshield.simulator.metrics import paired_difference
+    from prefixshield.workloads import make_params
 
     sec = Section("ablation-delayed-replay", "Ablation: the debt gate under delayed replay")
     on, off = "prefixshield", "prefixshield:debt_gate=false"
     rows, data = [], []
     for exp in exps:
+        p = make_params("delayed_replay")
+        neutral, victim, attacker = p.neutral_group, p.victim_group, p.attacker_group
         for pt in exp.points():
             at = _cells_at(cells, exp, pt.id)
             rec = {"wait_factor": pt.values["wait_factor"]}
@@ -435,19 +443,29 @@ def delayed_replay_section(root: Path, cells: pd.DataFrame, exps: list[Experimen
                 vals = []
                 for _, c in at[at["policy"] == label].iterrows():
                     st = A.detail(c, "policy_stats_json")
-                    ev = A.evictions_of(c)
                     if what == "promoted":
-                        vals.append(st.get("promotions_granted", {}).get("attacker", np.nan))
-                    elif what == "gated":
-                        vals.append(st.get("promotions_gated", {}).get("attacker", np.nan))
-                    elif what in ev.columns:
-                        vals.append(float(ev[what].sum()))
+                        vals.append(st.get("promotions_granted", {}).get(attacker, np.nan))
+                        continue
+                    if what == "gated":
+                        vals.append(st.get("promotions_gated", {}).get(attacker, np.nan))
+                        continue
+                    ev = A.evictions_of(c)
+                    if neutral not in ev.index:
+                        continue
+                    row = ev.loc[neutral]  # what the neutral phase's requests evicted
+                    if what == "background":
+                        vals.append(float(row.drop([g for g in (neutral, victim, attacker)
+                                                    if g in row.index]).sum()))
+                    elif what in row.index:
+                        vals.append(float(row[what]))
                 return float(np.mean(vals)) if vals else np.nan
 
             for label, tag in ((on, "gate on"), (off, "gate off")):
-                for what in ("promoted", "gated", "attacker", "victim"):
+                for what in ("promoted", "gated", "attacker", "victim", "background"):
                     rec[f"{tag} {what}"] = per(label, what)
             piv = at.pivot(index="seed", columns="policy", values="hit_ratio")
+            for label, tag in ((on, "gate on"), (off, "gate off"), ("lru", "lru")):
+                rec[f"{tag} victim hit"] = float(piv[label].mean()) if label in piv else np.nan
             if on in piv and off in piv:
                 both = piv[[on, off]].dropna()
                 d = paired_difference(both[on].to_numpy(), both[off].to_numpy(),
@@ -457,22 +475,29 @@ def delayed_replay_section(root: Path, cells: pd.DataFrame, exps: list[Experimen
             rec.update({"victim gap": d["mean_diff"], "victim gap ci_low": d["ci_low"],
                         "victim gap ci_high": d["ci_high"]})
             data.append(rec)
+
+            def two(what, fmt=".1f"):
+                return (f"{A.fmt_num(rec['gate on ' + what], fmt)} / "
+                        f"{A.fmt_num(rec['gate off ' + what], fmt)}")
             rows.append({"wait (x clearance)": f"{pt.values['wait_factor']:g}",
-                         "promoted, gate on": A.fmt_num(rec["gate on promoted"], ".0f"),
-                         "gated, gate on": A.fmt_num(rec["gate on gated"], ".0f"),
-                         "promoted, gate off": A.fmt_num(rec["gate off promoted"], ".0f"),
-                         "attacker-owned evicted, on / off":
-                             f"{A.fmt_num(rec['gate on attacker'], '.0f')} / "
-                             f"{A.fmt_num(rec['gate off attacker'], '.0f')}",
-                         "victim-owned evicted, on / off":
-                             f"{A.fmt_num(rec['gate on victim'], '.0f')} / "
-                             f"{A.fmt_num(rec['gate off victim'], '.0f')}",
+                         "promoted, on / off": two("promoted", ".1f"),
+                         "gated, on / off": two("gated", ".1f"),
+                         "neutral phase evicted: attacker-owned, on / off": two("attacker"),
+                         "victim-owned, on / off": two("victim"),
+                         "background-owned, on / off": two("background"),
+                         "victim hit on the pass, on / off / LRU":
+                             f"{A.fmt_pct(rec['gate on victim hit'])} / "
+                             f"{A.fmt_pct(rec['gate off victim hit'])} / "
+                             f"{A.fmt_pct(rec['lru victim hit'])}",
                          "victim hit ratio, on - off (pp)":
                              A.fmt_ci(d["mean_diff"], d["ci_low"], d["ci_high"])})
     sec.tables.append(Table("ablation-delayed-replay", sec.title, pd.DataFrame(rows),
                             pd.DataFrame(data), notes=[
         "promoted / gated: the attacker's reuse promotions granted / refused by the gate (mean "
-        "blocks per run); evicted: cached blocks of that owner reclaimed (mean per run)."]))
+        "blocks per run); neutral phase evicted: cached blocks the neutral group's requests "
+        "reclaimed, by owner (mean per run); victim hit: over the judged population, the "
+        "victim's measured pass over its hot prefixes after the neutral phase (its requests "
+        "before are not measured)."]))
     return sec
 
 
@@ -483,11 +508,24 @@ def readings_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) ->
     from prefixshield.experiments.reproduce import READINGS
     from prefixshield.simulator.metrics import paired_difference
 
+    from prefixshield.experiments.reproduce import WORKLOAD_READINGS
+
     sec = Section("readings", "PrefixShield's readings: which open choices move the results")
     default = READINGS[0][0]
     columns: list[tuple[str, pd.DataFrame, str]] = []   # (case label, hit pivot, baseline)
+    workload_cols: dict[str, list] = {}                 # reading key -> its columns
     for exp in exps:
         baseline = exp.policies[0]
+        if exp.name.startswith("readings-workload-"):
+            key = next(k for k, _, _ in WORKLOAD_READINGS
+                       if exp.name.startswith(f"readings-workload-{k}-"))
+            for pt in exp.points():
+                at = _cells_at(cells, exp, pt.id)
+                blocks = pt.settings.get("blocks", exp.base.get("blocks", 512))
+                workload_cols.setdefault(key, []).append((
+                    f"{exp.workload} {blocks:,} blocks",
+                    at.pivot(index="seed", columns="policy", values="hit_ratio"), baseline))
+            continue
         for pt in exp.points():
             at = _cells_at(cells, exp, pt.id)
             blocks = pt.settings.get("blocks", exp.base.get("blocks", 512))
@@ -513,13 +551,70 @@ def readings_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) ->
                 else:
                     disp[f"{key} (pp)"] = "-"
         rows.append(disp)
+    spec = READINGS[0][0]
+    for key, _, what in WORKLOAD_READINGS:
+        disp = {"reading": what, "policy spec": spec}
+        for label, piv, baseline in workload_cols.get(key, []):
+            col = f"{label}: - {baseline} (pp)"
+            if spec in piv and baseline in piv:
+                both = piv[[spec, baseline]].dropna()
+                d = paired_difference(both[spec].to_numpy(), both[baseline].to_numpy(),
+                                      n_resamples=A.N_RESAMPLES)
+                data.append({"reading": f"workload:{key}", "case": label, "against": baseline,
+                             "mean_diff": d["mean_diff"], "ci_low": d["ci_low"],
+                             "ci_high": d["ci_high"], "seeds": len(both)})
+                disp[col] = A.fmt_ci(d["mean_diff"], d["ci_low"], d["ci_high"])
+        if workload_cols.get(key):
+            rows.append(disp)
     sec.tables.append(Table("readings", sec.title, pd.DataFrame(rows).fillna("-"),
                             pd.DataFrame(data), notes=[
         "Each row runs PrefixShield under one reading of a choice its design leaves open; every "
         "other parameter is the default. '- baseline' is the hit-ratio difference to the case's "
         "baseline policy (LRU under attack, S3-FIFO on ShareGPT: the victim's mean hit ratio, "
         "all requests' on ShareGPT); '- default' the difference to the default reading (first "
-        "row). Percentage points, paired over seeds, 95% bootstrap CI."]))
+        "row). Percentage points, paired over seeds, 95% bootstrap CI. A 'workload:' row "
+        "runs the default PrefixShield and the baseline on another reading of the workload "
+        "(its traces differ from the default's, so it has no '- default' column)."]))
+    return sec
+
+
+def capacity_readings_section(root: Path, cells: pd.DataFrame,
+                              exps: list[Experiment]) -> Section:
+    """How the capacity sweep's hot set grows, read several ways: per reading, the victim
+    working set (% of usable blocks), LRU's and PrefixShield's hit ratios and PrefixShield -
+    LRU (paired, 95% CI) at every capacity."""
+    from prefixshield.experiments.reproduce import CAPACITY_READINGS
+    from prefixshield.workloads import make_params
+
+    sec = Section("readings-capacity", "Capacity readings: how the hot set grows with the cache")
+    what = {f"readings-capacity-{k}": (k, fields, w) for k, fields, w in CAPACITY_READINGS}
+    rows, data = [], []
+    for exp in exps:
+        key, fields, label = what[exp.name]
+        g = A.paired_gains(cells, exp)
+        disp = {"reading": label}
+        for _, r in g[g["policy"] == "prefixshield"].iterrows():
+            blocks = int(r["grid.blocks"])
+            p = make_params("one_touch", num_blocks=blocks, **fields)
+            hot = p.hot_prefixes * ((p.prefix_tokens + p.template_tokens) // p.block_size)
+            lru = g[(g["policy"] == "lru") & (g["grid.blocks"] == r["grid.blocks"])]
+            lru_hit = float(lru["hit_ratio_mean"].iloc[0]) if len(lru) else np.nan
+            data.append({"reading": key, "blocks": blocks,
+                         "working_set_pct": 100 * hot / p.usable_blocks,
+                         "lru_hit_ratio": lru_hit, "prefixshield_hit_ratio": r["hit_ratio_mean"],
+                         "mean_diff": r["hit_ratio_diff"], "ci_low": r["hit_ratio_ci_low"],
+                         "ci_high": r["hit_ratio_ci_high"]})
+            disp[f"{blocks:,}: working set"] = f"{100 * hot / p.usable_blocks:.1f}%"
+            disp[f"{blocks:,}: LRU / PS"] = (f"{A.fmt_pct(lru_hit)} / "
+                                            f"{A.fmt_pct(r['hit_ratio_mean'])}")
+            disp[f"{blocks:,}: PS - LRU (pp)"] = _diff_str(r, "hit_ratio", False)
+        rows.append(disp)
+    sec.tables.append(Table("readings-capacity", sec.title, pd.DataFrame(rows),
+                            pd.DataFrame(data), notes=[
+        "one_touch at each capacity with C_prefill of the reference pool (the same rates and "
+        "attack window at every size); working set: the victim's hot blocks over the usable "
+        "ones (the reference: 76.6% at 1,024-4,096). PS - LRU: paired over seeds, 95% "
+        "bootstrap CI."]))
     return sec
 
 
@@ -693,6 +788,7 @@ SECTION_BUILDERS = {
     "attack": attack_section, "benign": benign_section, "borrowing": borrowing_section,
     "sweeps": sweeps_section, "ablation-segmentation": segmentation_section,
     "ablation-delayed-replay": delayed_replay_section, "readings": readings_section,
+    "readings-capacity": capacity_readings_section,
     "overhead": overhead_section, "schedulers": schedulers_section, "fleet": fleet_section,
 }
 

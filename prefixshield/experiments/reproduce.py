@@ -59,6 +59,26 @@ against them an aimed attacker is the spread one, so the table has no aimed run 
 READING_CASES = (("one_touch", "lru", (512, 4096)), ("low_and_slow", "lru", (512,)),
                  ("sharegpt", "s3fifo", (512,)))
 """The readings table's cases: (workload, the baseline PrefixShield is compared with, blocks)."""
+WORKLOAD_READINGS = (
+    ("two_group", {"population": "two_group"},
+     "workload: the two-group population (the victim sends the whole base load; its own "
+     "fitted defaults)"),
+    ("template", {"template_tokens": 32},
+     "workload: 98-block hot prefixes (a cached two-block template after each prefix)"),
+)
+"""Readings of the *workload* the reference leaves open, each as (key, the workload fields it
+sets, what it reads): the table gives PrefixShield - baseline under each on the attack cases
+(the default population's row is the default reading's)."""
+CAPACITY_READINGS = (
+    ("prefixes", {}, "hot set grown by more 96-block prefixes (default), background population"),
+    ("template", {"template_tokens": 32},
+     "hot set of 98-block prefixes (a cached two-block template each), background population"),
+    ("two_group", {"population": "two_group"},
+     "hot set grown by more 96-block prefixes, two-group population"),
+)
+"""How the capacity sweep's hot set grows to the reference's 76.6% of usable blocks, under
+each population: (key, workload fields, what it reads); PrefixShield - LRU at every size."""
+CAPACITIES = (512, 1024, 2048, 4096)
 
 
 def _default_duration(workload: str) -> float:
@@ -79,17 +99,20 @@ def reproduce_experiments(quick: bool = False, seeds: int | None = None,
         compat: vLLM compat mode of every engine.
         profile: cost-model profile of every experiment but the profile sweep.
     """
+    from prefixshield.workloads.one_touch import PRESSURE_SWEEP, PRESSURE_SWEEP_DURATION_S
+
     n = seeds if seeds is not None else (QUICK_SEEDS if quick else 10)
     seed_list = tuple(range(n))
     base = {"compat": compat, "profile": profile}
     no_profile = {k: v for k, v in base.items() if k != "profile"}
 
     def exp(name, workload, policies, title, grid=(), base_extra=None, b=None, **kw):
-        settings = dict(b if b is not None else base)
+        settings = {**(b if b is not None else base), **(base_extra or {})}
         if quick:  # a shorter measured phase, never a longer one
-            settings["duration_s"] = min(QUICK_DURATION_S, _default_duration(workload))
+            settings["duration_s"] = min(QUICK_DURATION_S, settings.get(
+                "duration_s", _default_duration(workload)))
         return Experiment(name=name, workload=workload, policies=tuple(policies),
-                          seeds=seed_list, base={**settings, **(base_extra or {})},
+                          seeds=seed_list, base=settings,
                           grid=tuple(grid), title=title, **kw)
 
     out: list[Experiment] = []
@@ -101,10 +124,18 @@ def reproduce_experiments(quick: bool = False, seeds: int | None = None,
     out.append(exp("borrowing", "borrowing", ALL, "borrowing: an active and an idle tenant"))
     out.append(exp("sweep-capacity", "one_touch", ALL,
                    "one_touch: capacity sweep (C_prefill of the reference pool at every size)",
-                   grid=[("blocks", (512, 1024, 2048, 4096))],
+                   grid=[("blocks", CAPACITIES)],
                    base_extra={"c_prefill_basis": "reference"}))
-    out.append(exp("sweep-pressure", "low_and_slow", ALL,
-                   "low_and_slow: creation-pressure sweep (attacker creation / its refill)",
+    out.append(exp("sweep-pressure", "one_touch", ALL,
+                   f"one_touch: creation-pressure sweep over a {PRESSURE_SWEEP_DURATION_S:g} s "
+                   f"window (designed pressure_ratio "
+                   f"{' / '.join(f'{d:g}' for _, d in PRESSURE_SWEEP)}: the reference's "
+                   f"measured 0.54 / 1.02 / 2.14 / 4.23 for its 0.5 / 1 / 2 / 4)",
+                   grid=[("pressure_ratio", tuple(d for _, d in PRESSURE_SWEEP))],
+                   base_extra={"duration_s": PRESSURE_SWEEP_DURATION_S}))
+    out.append(exp("sweep-pressure-low_and_slow", "low_and_slow", ALL,
+                   "low_and_slow (not the reference's sweep, which is one-touch): "
+                   "creation-pressure sweep (attacker creation / its refill)",
                    grid=[("pressure_ratio", (0.5, 1.0, 2.0, 4.0))]))
     out.append(exp("sweep-load", "one_touch", ALL, "one_touch: load sweep",
                    grid=[("alpha", (0.4, 0.6, 0.8))]))
@@ -123,6 +154,19 @@ def reproduce_experiments(quick: bool = False, seeds: int | None = None,
                        f"{w}: PrefixShield's readings against {baseline}",
                        grid=[("blocks", blocks)] if len(blocks) > 1 else (),
                        base_extra={} if len(blocks) > 1 else {"blocks": blocks[0]}))
+    for key, fields, what in WORKLOAD_READINGS:
+        for w, baseline, blocks in READING_CASES:
+            if w == "sharegpt":  # the population is the attack workloads'
+                continue
+            out.append(exp(f"readings-workload-{key}-{w}", w, (baseline, "prefixshield"),
+                           f"{w}: {what}",
+                           grid=[("blocks", blocks)] if len(blocks) > 1 else (),
+                           base_extra={**fields, **({} if len(blocks) > 1
+                                                    else {"blocks": blocks[0]})}))
+    for key, fields, what in CAPACITY_READINGS:
+        out.append(exp(f"readings-capacity-{key}", "one_touch", ("lru", "prefixshield"),
+                       f"one_touch capacity reading: {what}", grid=[("blocks", CAPACITIES)],
+                       base_extra={"c_prefill_basis": "reference", **fields}))
     for key, _, fields in SCHEDULER_SETTINGS[1:]:
         for w in SCHEDULER_BENIGN:
             out.append(exp(f"sched-{key}-{w}", w, ALL, f"{w} under {key}", base_extra=fields))
@@ -153,10 +197,14 @@ REPRODUCE_SECTIONS = {
     "attack": [f"attack-{w}" for w in ATTACKS],
     "benign": [f"benign-{w}" for w in BENIGN],
     "borrowing": ["borrowing"],
-    "sweeps": ["sweep-capacity", "sweep-pressure", "sweep-load", "sweep-profile"],
+    "sweeps": ["sweep-capacity", "sweep-pressure", "sweep-pressure-low_and_slow", "sweep-load",
+               "sweep-profile"],
     "ablation-segmentation": [f"ablation-segmentation-{w}" for w in (*ATTACKS, "sharegpt")],
     "ablation-delayed-replay": ["ablation-delayed-replay"],
-    "readings": [f"readings-{w}" for w, _, _ in READING_CASES],
+    "readings": [f"readings-{w}" for w, _, _ in READING_CASES]
+    + [f"readings-workload-{k}-{w}" for k, _, _ in WORKLOAD_READINGS
+       for w, _, _ in READING_CASES if w != "sharegpt"],
+    "readings-capacity": [f"readings-capacity-{k}" for k, _, _ in CAPACITY_READINGS],
     "schedulers": ["benign-sharegpt", "borrowing",
                    *[f"sched-{k}-{w}" for k, _, _ in SCHEDULER_SETTINGS[1:]
                      for w in SCHEDULER_BENIGN]],

@@ -5,9 +5,14 @@ Timeline::
 
     t = 0                      measure_start_s                              measure_end_s
     |-- warm-up (measured=False) --|------------ measured phase (duration_s) ----------|
-     each hot prefix once, within   victim: Poisson(base_rate), cycling the hot prefixes
-     the victim's entitlement       attacker: window [pressure_start_s, +pressure_duration_s)
+     each hot prefix once, within   victim: Poisson(victim share x base_rate), cycling the
+     the victim's entitlement               hot prefixes
+                                    background groups: Poisson(the rest of base_rate)
+                                    attacker: window [pressure_start_s, +pressure_duration_s)
                                     (relative to measure_start_s; default: the whole phase)
+
+The base load ``base_rate = alpha x C_prefill`` is the whole trace's: who sends it is the
+population (:mod:`prefixshield.workloads.population`; ``two_group``: the victim alone).
 
 Defaults and where they come from ("the reference setup" is the reference study's stated setup):
 
@@ -37,7 +42,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, NamedTuple
+from typing import Any, ClassVar, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
@@ -47,10 +52,13 @@ from prefixshield.traces.rows import RequestRows
 from prefixshield.traces.schema import Trace
 from prefixshield.traces.segments import SegmentKind, segment_ids
 from prefixshield.traces.stream import TraceStream, concat_traces
-from prefixshield.workloads.base import (STREAM_ATTACKER, STREAM_VICTIM, PrefixParams,
-                                         add_cyclic_stream, add_fresh_prefixes, check,
-                                         periodic_times, prefix_suffix_prompts, renewal_times,
-                                         rng_for)
+from prefixshield.workloads.base import (STREAM_ATTACKER, STREAM_BACKGROUND, STREAM_VICTIM,
+                                         PrefixParams, add_cyclic_stream, add_fresh_prefixes,
+                                         check, periodic_times, prefix_suffix_prompts,
+                                         renewal_times, rng_for, with_template)
+from prefixshield.workloads.population import (POPULATIONS, add_background, background_names,
+                                               canonical_tenants, check_background_size,
+                                               check_population, population_meta)
 from prefixshield.workloads.registry import params_to_dict
 
 # Group indices of the segment-id namespaces (fixed per role, see traces/segments.py).
@@ -77,7 +85,34 @@ class AttackParams(PrefixParams):
         pressure_duration_s: length of the window in seconds (None: to the end of the run).
         victim_group, victim_contract, attacker_group, attacker_contract: names in the trace.
         contracts: contract table used to size attacks (None: ``DEFAULT_CONTRACTS``).
+        population: whose arrivals make up the base load, one of
+            :data:`~prefixshield.workloads.population.POPULATIONS` (see
+            :mod:`prefixshield.workloads.population`): ``background`` (default) or
+            ``two_group``; it fills every field below left at None, and each workload's own
+            reading-dependent defaults (``POPULATION_DEFAULTS``).
+        background_groups: benign background groups sending the base load the victim does not
+            (None: the population's; ``background``: 6, the reference's 8-group setting less
+            the victim and the attacker; ``two_group``: 0).
+        victim_share: the victim's share of ``base_rate`` (None: the population's; fitted for
+            ``background``, 1 for ``two_group``).
+        victim_rate: the victim's requests/s, given directly (wins over ``victim_share``; at
+            most ``base_rate``).
+        background_prefix_tokens: each background group's system prompt (tokens), shared by
+            its requests (256, one 16-block template: not stated by the reference, not fitted).
+        background_contract: the background groups' contract.
+        background_group: name stem of the background groups (``tenant1`` ... ``tenantN``).
+        template_tokens: a template after each of the victim's hot prefixes, shared by every
+            request of that prefix (0: none). 32 (two blocks) is the capacity sweep's
+            98-block reading: the hot set is then 76.6% of the usable blocks at 1,024-4,096,
+            as the reference observed (the number of hot prefixes stays as
+            ``hot_fraction`` sets it from the 96-block prefix).
     """
+
+    POPULATION_DEFAULTS: ClassVar[Mapping[str, Mapping[str, Any]]] = {
+        "background": {"background_groups": 6, "victim_share": 0.575},
+        "two_group": {"background_groups": 0, "victim_share": 1.0},
+    }
+    """Per population: the value of each reading-dependent field left at None."""
 
     hot_fraction: float = 0.75
     num_hot_prefixes: int | None = None
@@ -91,9 +126,39 @@ class AttackParams(PrefixParams):
     attacker_group: str = "attacker"
     attacker_contract: str = "best_effort"
     contracts: Mapping[str, Contract] | None = None
+    population: str = "background"
+    background_groups: int | None = None
+    victim_share: float | None = None
+    victim_rate: float | None = None
+    background_prefix_tokens: int = 256
+    background_contract: str = "standard"
+    background_group: str = "tenant"
+    template_tokens: int = 0
 
     def __post_init__(self) -> None:
+        check(self.population in POPULATIONS, f"population must be one of "
+              f"{', '.join(POPULATIONS)}, got {self.population!r}")
+        for name, value in self.POPULATION_DEFAULTS[self.population].items():
+            if getattr(self, name) is None:  # an explicit value wins over the reading's
+                object.__setattr__(self, name, value)
         super().__post_init__()
+        check(self.background_groups >= 0,
+              f"background_groups must be >= 0, got {self.background_groups}")
+        check_background_size(self)
+        check(0 < self.victim_share <= 1,
+              f"victim_share must be in (0, 1], got {self.victim_share}")
+        check(self.victim_rate is None or self.victim_rate > 0,
+              f"victim_rate must be > 0 requests/s, got {self.victim_rate}")
+        check(self.background_prefix_tokens >= 1,
+              f"background_prefix_tokens must be >= 1, got {self.background_prefix_tokens}")
+        check(self.background_contract in self.contract_table,
+              f"background_contract {self.background_contract!r} is not in contracts "
+              f"({', '.join(self.contract_table)})")
+        clash = sorted({self.victim_group, self.attacker_group} & set(background_names(self)))
+        check(not clash, f"background group name {clash[0] if clash else ''} is the victim's "
+                         f"or the attacker's group; set background_group")
+        check(self.template_tokens >= 0,
+              f"template_tokens must be >= 0, got {self.template_tokens}")
         check(0 < self.hot_fraction <= 1,
               f"hot_fraction must be in (0, 1], got {self.hot_fraction}")
         check(self.num_hot_prefixes is None or self.num_hot_prefixes >= 1,
@@ -131,9 +196,19 @@ class AttackParams(PrefixParams):
         return max(1, round(self.hot_fraction * self.usable_blocks / max(1, self.prefix_blocks)))
 
     @property
+    def victim_request_rate(self) -> float:
+        """The victim's requests/s: ``victim_rate``, else ``victim_share x base_rate``."""
+        return self.victim_rate if self.victim_rate is not None \
+            else self.victim_share * self.base_rate
+
+    @property
     def victim_warmup_gap(self) -> float:
-        """Warm-up spacing (s): within the victim contract's refill (see ``warmup_gap``)."""
-        return self.warmup_gap(self.contract_table[self.victim_contract].rho_blocks_per_s)
+        """Warm-up spacing (s): within the victim contract's refill (see ``warmup_gap``), no
+        faster than the victim's own rate."""
+        if self.warmup_gap_s is not None:
+            return self.warmup_gap_s
+        rho = self.contract_table[self.victim_contract].rho_blocks_per_s
+        return max(1.0 / self.victim_request_rate, self.expected_request_blocks() / rho)
 
     @property
     def one_touch_rate(self) -> float:
@@ -160,11 +235,25 @@ class AttackParams(PrefixParams):
         return rate * self.attacker_blocks_per_request() / self.attacker_rho
 
 
+def population_defaults(base: Mapping[str, Mapping[str, Any]],
+                        **extra: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``base``'s reading-dependent defaults with a workload's own added, per population
+    (``extra``: population name -> {field: value})."""
+    return {name: {**fields, **extra.get(name, {})} for name, fields in base.items()}
+
+
 def victim_and_window(p: AttackParams, rows: RequestRows) -> tuple[dict, float, float]:
-    """Add the victim's warm-up and measured stream; return its meta and the pressure window."""
+    """Add the victim's warm-up and measured stream, and the background groups' measured
+    streams (:mod:`~prefixshield.workloads.population`); return the victim's meta and the
+    pressure window."""
+    check_population(p)
     victim = add_cyclic_stream(rows, p, stream=STREAM_VICTIM, group_index=GI_VICTIM,
                                group=p.victim_group, contract=p.victim_contract, role="victim",
-                               num_prefixes=p.hot_prefixes, warmup_gap=p.victim_warmup_gap)
+                               num_prefixes=p.hot_prefixes, warmup_gap=p.victim_warmup_gap,
+                               rate=p.victim_request_rate, template_tokens=p.template_tokens)
+    if p.background_groups:
+        add_background(rows, p, rng_for(p.seed, STREAM_BACKGROUND), victim["measure_start_s"],
+                       victim["measure_end_s"])
     w0 = victim["measure_start_s"] + p.pressure_start_s
     w1 = victim["measure_end_s"] if p.pressure_duration_s is None else \
         min(victim["measure_end_s"], w0 + p.pressure_duration_s)
@@ -181,7 +270,7 @@ def attack_meta(name: str, p: AttackParams, victim: dict[str, float], attacker_r
         "usable_blocks": p.usable_blocks,
         "prefix_blocks": p.prefix_blocks,
         "num_hot_prefixes": p.hot_prefixes,
-        "hot_blocks": p.hot_prefixes * p.prefix_blocks,
+        "hot_blocks": p.hot_prefixes * ((p.prefix_tokens + p.template_tokens) // p.block_size),
         "victim_group": p.victim_group,
         "attacker_group": p.attacker_group,
         "attacker_rate": attacker_rate,
@@ -191,8 +280,18 @@ def attack_meta(name: str, p: AttackParams, victim: dict[str, float], attacker_r
         "pressure_window_s": list(window),
         **victim,
     }
+    meta.update(population_meta(p))
     meta.update(extra)
     return meta
+
+
+def finish_attack(rows: RequestRows, p: AttackParams, meta: dict) -> Trace:
+    """The attack trace of ``rows`` (the attacker dropped in a control), its tenants in the
+    population's order when it has background groups (:func:`canonical_tenants`)."""
+    trace = rows.finish(p.seed, p.vocab_size, meta, drop_role=drop_role(p))
+    if p.background_groups:
+        trace.meta = canonical_tenants(trace.meta, p)
+    return trace
 
 
 def drop_role(p: AttackParams) -> str | None:
@@ -236,6 +335,7 @@ class _Window(NamedTuple):
     rows: int               # rows numbered so far (request ids, before a control drops any)
     victim_rows: int        # victim rows so far (its suffix segments)
     victim_measured: int    # victim measured rows so far (its hot-prefix cycle)
+    background: list        # requests each background group sent so far (its suffixes)
 
 
 def fresh_prefix_windows(name: str, p: AttackParams) -> tuple[dict, Iterator[Trace]]:
@@ -268,18 +368,22 @@ def fresh_prefix_windows(name: str, p: AttackParams) -> tuple[dict, Iterator[Tra
     meta["tenants"] = {
         "groups": list(dict.fromkeys([p.victim_group, p.attacker_group])),
         "contracts": list(dict.fromkeys([p.victim_contract, p.attacker_contract]))}
+    if p.background_groups:
+        meta = canonical_tenants(meta, p)
     windows = max(1, math.ceil(p.duration_s / GEN_WINDOW_S))
 
     def draw() -> Iterator[Trace]:
-        state = _Window(0, 0, 0)
+        state = _Window(0, 0, 0, [0] * p.background_groups)
         for k in range(windows):
             a, b = start + k * GEN_WINDOW_S, min(end, start + (k + 1) * GEN_WINDOW_S)
             rows = RequestRows()
             rows.declare(p.victim_group, p.victim_contract)
             rows.declare(p.attacker_group, p.attacker_contract)
+            for g in background_names(p):
+                rows.declare(g, p.background_contract)
             rng = window_rng(p.seed, STREAM_VICTIM, k)
             warm_t = np.arange(hot) * gap if k == 0 else np.empty(0)
-            meas_t = renewal_times(rng, p.base_rate, a, b)
+            meas_t = renewal_times(rng, p.victim_request_rate, a, b)
             n_w, n_m = len(warm_t), len(meas_t)
             n = n_w + n_m
             prefix_idx = np.concatenate([np.arange(n_w),
@@ -290,8 +394,13 @@ def fresh_prefix_windows(name: str, p: AttackParams) -> tuple[dict, Iterator[Tra
                 segment_ids(GI_VICTIM, SegmentKind.PREFIX, prefix_idx), p.prefix_tokens,
                 segment_ids(GI_VICTIM, SegmentKind.SUFFIX, state.victim_rows + np.arange(n)),
                 suffix_len)
+            ids, lens = with_template(ids, lens, GI_VICTIM, prefix_idx, p.template_tokens)
             rows.add(np.concatenate([warm_t, meas_t]), p.victim_group, p.victim_contract,
                      "victim", prefix_idx, np.arange(n) >= n_w, out, ids, lens)
+            sent = state.background
+            if p.background_groups:
+                sent = add_background(rows, p, window_rng(p.seed, STREAM_BACKGROUND, k), a, b,
+                                      state.background)
             js = _periodic_slice(rate, w0, w1, a, b)
             rng = window_rng(p.seed, STREAM_ATTACKER, k)
             att_suffix = p.draw_suffixes(rng, len(js))
@@ -304,8 +413,9 @@ def fresh_prefix_windows(name: str, p: AttackParams) -> tuple[dict, Iterator[Tra
             trace = rows.finish(p.seed, p.vocab_size, meta, drop_role=drop_role(p))
             trace.requests["request_id"] += state.rows
             trace.meta = meta
-            state = _Window(state.rows + n + len(js), state.victim_rows + n,
-                            state.victim_measured + n_m)
+            n_bg = sum(sent) - sum(state.background)
+            state = _Window(state.rows + n + n_bg + len(js), state.victim_rows + n,
+                            state.victim_measured + n_m, sent)
             yield trace
 
     return meta, draw()
@@ -347,7 +457,8 @@ def fresh_prefix_attack(name: str, p: AttackParams, aim=None) -> Trace:
     role's stream may still hold at most :data:`~prefixshield.edges.MAX_REQUESTS` requests
     in memory."""
     if aim is None and p.duration_s > GEN_WINDOW_S:
-        check_requests(p.base_rate, p.duration_s, "victim arrivals")
+        check_population(p)
+        check_requests(p.base_rate, p.duration_s, "victim and background arrivals")
         check_requests(p.attacker_request_rate(), p.duration_s, "attacker arrivals")
         meta, parts = fresh_prefix_windows(name, p)
         parts = list(parts)
@@ -374,7 +485,7 @@ def fresh_prefix_attack(name: str, p: AttackParams, aim=None) -> Trace:
                        lead=lead)
     meta = attack_meta(name, p, victim, rate, (w0, w1), attacker_requests=len(t),
                        **(a.meta or {}))
-    return rows.finish(p.seed, p.vocab_size, meta, drop_role=drop_role(p))
+    return finish_attack(rows, p, meta)
 
 
 STREAMED_WORKLOADS = ("one_touch", "low_and_slow")

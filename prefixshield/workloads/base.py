@@ -39,6 +39,9 @@ STREAM_PROBE = 7
 workload's shape, the profile and the engine, not of a trace seed."""
 
 PROBE_SEED = 0
+STREAM_BACKGROUND = 8
+"""The background groups of an attack trace's population (one stream, drawn group after
+group)."""
 
 
 def check(cond: bool, msg: str) -> None:
@@ -254,18 +257,33 @@ def prefix_suffix_prompts(prefix_seg: np.ndarray, prefix_tokens: int, suffix_seg
     return ids, lens
 
 
+def with_template(ids: np.ndarray, lens: np.ndarray, group_index: int, prefix_idx: np.ndarray,
+                  template_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """``[prefix, suffix]`` prompts with a template of ``template_tokens`` tokens between the
+    two, one per prefix (segment ``SYSTEM`` of the group, local id = the prefix index), shared
+    by every request of that prefix; unchanged when ``template_tokens`` is 0."""
+    if template_tokens == 0:
+        return ids, lens
+    tid = segment_ids(group_index, SegmentKind.SYSTEM, prefix_idx)
+    return (np.column_stack([ids[:, 0], tid, ids[:, 1]]),
+            np.column_stack([lens[:, 0], np.full(len(tid), template_tokens, dtype=np.int64),
+                             lens[:, 1]]))
+
+
 def add_cyclic_stream(rows: RequestRows, p: PrefixParams, *, stream: int, group_index: int,
                       group: str, contract: str, role: str, num_prefixes: int,
-                      warmup_gap: float) -> dict[str, float]:
-    """Warm-up (each prefix once, ``warmup_gap`` s apart, unmeasured), then Poisson(base_rate)
-    requests cycling over the prefixes (prefix_id = prefix index), each with a unique suffix.
-    Returns the measured window and request counts."""
+                      warmup_gap: float, rate: float | None = None,
+                      template_tokens: int = 0) -> dict[str, float]:
+    """Warm-up (each prefix once, ``warmup_gap`` s apart, unmeasured), then Poisson(``rate``;
+    None: base_rate) requests cycling over the prefixes (prefix_id = prefix index), each with a
+    unique suffix (after the prefix's template of ``template_tokens``, see
+    :func:`with_template`). Returns the measured window and request counts."""
     rng = rng_for(p.seed, stream)
     check_count(num_prefixes, MAX_REQUESTS, f"{role} prefixes (one warm-up request each)")
     warm_t = np.arange(num_prefixes) * warmup_gap
     start = num_prefixes * warmup_gap
     end = start + p.duration_s
-    meas_t = renewal_times(rng, p.base_rate, start, end)
+    meas_t = renewal_times(rng, p.base_rate if rate is None else rate, start, end)
     n_w, n_m = len(warm_t), len(meas_t)
     n = n_w + n_m
     t = np.concatenate([warm_t, meas_t])
@@ -275,6 +293,7 @@ def add_cyclic_stream(rows: RequestRows, p: PrefixParams, *, stream: int, group_
     ids, lens = prefix_suffix_prompts(
         segment_ids(group_index, SegmentKind.PREFIX, prefix_idx), p.prefix_tokens,
         segment_ids(group_index, SegmentKind.SUFFIX, np.arange(n)), suffix_len)
+    ids, lens = with_template(ids, lens, group_index, prefix_idx, template_tokens)
     measured = np.arange(n) >= n_w
     rows.add(t, group, contract, role, prefix_idx, measured, out, ids, lens)
     return {"measure_start_s": float(start), "measure_end_s": float(end),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from prefixshield.traces.schema import Trace
-from prefixshield.workloads.attack import AttackParams, fresh_prefix_attack
+from prefixshield.workloads.attack import AttackParams, fresh_prefix_attack, population_defaults
 from prefixshield.workloads.registry import register
 
 
@@ -17,18 +17,26 @@ class LowAndSlowParams(AttackParams):
 
     Attributes:
         pressure_ratio: attacker creation rate (prompt and decode blocks) / its contract's
-            refill. 7.5 is fitted (the reference does not state the rate) to the reference's
-            LRU victim hit ratio under this attack, 92.64% (90.65% here over 10 seeds). In the
-            simulator a creation just above refill costs LRU nothing (99.2% at 1.25 to 4), so
-            the observed loss needs a creation well above refill (docs/fidelity.md).
-        duration_s: the measured phase and attack window. 42 s is fitted (the reference does
-            not state it) to its creation-pressure sweep: the attacker's mean debt of 260.90
-            and 901.91 blocks at measured pressures 2.14 and 4.23 is the debt a window of about
-            40 s accumulates (261.3 and 929.6 here at pressures 2 and 4).
+            refill (None: the population's). ``background``: 1.25, "just above its refill" as
+            the reference describes the attacker; the victim's share of the base load is what
+            was fitted to the reference's LRU victim hit ratio under this attack, 92.64%
+            (92.66% here over 10 seeds). ``two_group``: 7.5, fitted to the same 92.64% when
+            the victim sent the whole base load (a creation just above refill then cost LRU
+            nothing; docs/fidelity.md).
+        duration_s: the measured phase and attack window (None: the population's; 42 s under
+            both). 42 s was fitted to the reference's creation-pressure sweep when it ran on
+            low_and_slow (two-group reading); that sweep now runs on one_touch
+            (:data:`~prefixshield.workloads.one_touch.PRESSURE_SWEEP_DURATION_S`), and this
+            window is kept, not refitted.
     """
 
-    duration_s: float = 42.0
-    pressure_ratio: float | None = 7.5
+    POPULATION_DEFAULTS = population_defaults(
+        AttackParams.POPULATION_DEFAULTS,
+        background={"duration_s": 42.0, "pressure_ratio": 1.25},
+        two_group={"duration_s": 42.0, "pressure_ratio": 7.5})
+
+    duration_s: float | None = None
+    pressure_ratio: float | None = None
 
 
 @register("low_and_slow", LowAndSlowParams)

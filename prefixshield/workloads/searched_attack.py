@@ -94,8 +94,8 @@ from prefixshield.traces.segments import SegmentKind, segment_ids
 from prefixshield.workloads.attack import GI_ATTACKER, AttackParams, attack_meta, victim_and_window
 from prefixshield.workloads.base import (STREAM_ATTACKER, check, periodic_times,
                                          prefix_suffix_prompts, rng_for, with_lead)
-from prefixshield.workloads.one_touch import (DEFAULT_AIM_REPLICAS, OneTouchParams, check_aim,
-                                              lead_blocks_for, prefix_aim, session_aim)
+from prefixshield.workloads.one_touch import (DEFAULT_AIM_REPLICAS, check_aim, lead_blocks_for,
+                                              prefix_aim, session_aim)
 from prefixshield.workloads.registry import register
 
 BUDGET_UNITS = ("requests", "prompt_tokens", "tokens", "block_s")
@@ -127,7 +127,10 @@ class SearchedAttackParams(AttackParams):
     :data:`prefixshield.experiments.attack_space.SPACE`.
 
     Attributes:
-        duration_s: one_touch's (its fitted attack window, 17 s).
+        duration_s: one_touch's fitted attack window under the two-group population, 17 s.
+        population: ``two_group`` only: the victim sends the whole base load, as when the
+            search space was built (``victim_lag`` and ``victim_sync`` are in the victim's
+            gaps; the search was not refitted to the background population).
         budget_limits: which limits apply: units joined by ``+`` from :data:`BUDGET_UNITS`, or
             ``both`` (default: ``requests+prompt_tokens``, a rate limiter of requests and
             input tokens per minute, as API providers apply; not from the reference).
@@ -175,7 +178,8 @@ class SearchedAttackParams(AttackParams):
             (one_touch).
     """
 
-    duration_s: float = OneTouchParams.duration_s
+    duration_s: float = 17.0
+    population: str = "two_group"
     budget_limits: str = "both"
     budget_requests: float | None = None
     budget_prompt_tokens: float | None = None
@@ -204,6 +208,9 @@ class SearchedAttackParams(AttackParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check(self.population == "two_group",
+              f"searched_attack keeps the two_group population (its victim_lag and "
+              f"victim_sync are in the victim's gaps), got population={self.population!r}")
         check(self.pressure_ratio is None and self.attacker_rate is None,
               "searched_attack spends a fixed budget: set budget_requests / "
               "budget_prompt_tokens and intensity, not pressure_ratio or attacker_rate")

@@ -8,8 +8,8 @@ import numpy as np
 
 from prefixshield.traces.rows import RequestRows
 from prefixshield.traces.schema import Trace
-from prefixshield.workloads.attack import (GI_ATTACKER, AttackParams, attack_meta, drop_role,
-                                           victim_and_window)
+from prefixshield.workloads.attack import (GI_ATTACKER, AttackParams, attack_meta, finish_attack,
+                                           population_defaults, victim_and_window)
 from prefixshield.workloads.base import (STREAM_ATTACKER, add_fresh_prefixes, check,
                                          periodic_times, rng_for)
 from prefixshield.workloads.registry import register
@@ -27,9 +27,10 @@ class TwoPassReplayParams(AttackParams):
 
     Attributes:
         pressure_ratio: creation pressure of the whole pattern (fresh and replayed requests'
-            new blocks) over the attacker's refill. 4.5 is fitted (the reference does not state
-            the rate) to the reference's LRU victim hit ratio under this attack, 92.87%
-            (91.83% here over 10 seeds; docs/fidelity.md). ``duration_s`` keeps the base
+            new blocks) over the attacker's refill (None: the population's). Fitted (the
+            reference does not state the rate) to the reference's LRU victim hit ratio under
+            this attack, 92.87%: 0.75 under ``background`` (91.42% here over 10 seeds), 4.5
+            under ``two_group`` (91.83%; docs/fidelity.md). ``duration_s`` keeps the base
             default of 60 s (not stated, not fitted: no observation constrains it).
         replay_set: K, prefixes per round; default 1: each prefix is replayed right after it
             was admitted (``1 / rate`` later, about when its first request finishes decoding),
@@ -42,7 +43,11 @@ class TwoPassReplayParams(AttackParams):
             window holds. Requests go out evenly spaced at the attacker rate.
     """
 
-    pressure_ratio: float | None = 4.5
+    POPULATION_DEFAULTS = population_defaults(
+        AttackParams.POPULATION_DEFAULTS,
+        background={"pressure_ratio": 0.75}, two_group={"pressure_ratio": 4.5})
+
+    pressure_ratio: float | None = None
     replay_set: int = 1
     replays: int = 1
     rounds: int | None = None
@@ -86,4 +91,4 @@ def two_pass_replay(params: TwoPassReplayParams | None = None) -> Trace:
                        contract=p.attacker_contract, role="attacker")
     meta = attack_meta("two_pass_replay", p, victim, rate, (w0, w1), attacker_requests=len(t),
                        replay_set=k, attacker_replay_requests=int(np.sum(pos >= k)))
-    return rows.finish(p.seed, p.vocab_size, meta, drop_role=drop_role(p))
+    return finish_attack(rows, p, meta)

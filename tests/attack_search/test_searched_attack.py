@@ -40,7 +40,9 @@ def random_points(n: int, seed: int = 0) -> list[dict]:
 
 @pytest.mark.parametrize("seed", [0, 3])
 def test_default_point_is_one_touch_row_for_row(seed):
-    assert same_requests(generate("one_touch", seed=seed), generate("searched_attack", seed=seed))
+    # searched_attack keeps the two-group population: its default point is that one_touch
+    assert same_requests(generate("one_touch", seed=seed, population="two_group"),
+                         generate("searched_attack", seed=seed))
 
 
 def test_one_touch_point_of_the_space_at_an_explicit_budget_is_one_touch_at_that_rate():
@@ -52,7 +54,7 @@ def test_one_touch_point_of_the_space_at_an_explicit_budget_is_one_touch_at_that
     fields = point["one_touch"]
     a = generate("searched_attack", seed=1, budget_requests=0.5, budget_prompt_tokens=2000.0,
                  **fields)
-    b = generate("one_touch", seed=1, attacker_rate=rate)
+    b = generate("one_touch", seed=1, attacker_rate=rate, population="two_group")
     assert same_requests(a, b)
 
 

@@ -28,8 +28,11 @@ POLICIES = ("lru", "s3fifo", "static_quota", "prefixshield")
 @functools.lru_cache(maxsize=None)
 def _trace(workload: str, scheduler: str = "fcfs", alpha: float = 0.6):
     eng = EngineConfig(num_blocks=512, scheduler=SchedulerConfig(name=scheduler))
+    # the attack workloads' two-group population: every policy serves it (a static quota's
+    # 63-block shares of the 8-group background population hold no victim request)
+    over = {"population": "two_group"} if workload == "one_touch" else {}
     spec = RunSpec(workload=workload, policies=("lru",), engine=eng,
-                   profile=load_profile("l4-qwen2.5-1.5b"), alpha=alpha)
+                   profile=load_profile("l4-qwen2.5-1.5b"), alpha=alpha, overrides=over)
     return build_trace(spec)[0], eng, spec.profile.cost
 
 

@@ -117,7 +117,8 @@ def test_fleet_fields_of_an_experiment_point():
 
 
 def _prefix_rows(aim: str, **kw):
-    tr = one_touch(OneTouchParams(aim=aim, seed=3, **kw))
+    # the two-group population: every row is the victim's or the attacker's
+    tr = one_touch(OneTouchParams(aim=aim, seed=3, population="two_group", **kw))
     return tr, tr.requests
 
 

@@ -47,5 +47,5 @@ def test_run_prints_and_writes_the_fleet_tables(tmp_path):
     assert reps["requests"].sum() == len(rec)
     assert sorted(rec["replica"].unique()) == [0, 1]
     tenants = pd.read_csv(out / "lru" / "fleet" / "tenants.csv")
-    assert set(tenants["group"]) == {"victim", "attacker"}
+    assert set(tenants["group"]) == {"victim", "attacker", *(f"tenant{i}" for i in range(1, 7))}
     assert (out / "lru" / "fleet" / "evictions_replica1.csv").exists()

@@ -57,25 +57,34 @@ def _pair(workload, num_blocks=512, alpha=0.6, **overrides):
 
 # ------------------------------------------------------------------------------ one_touch
 def test_one_touch_prefixshield_protects_the_victim_with_a_ci_above_zero():
-    """Claim (G1): at 512 blocks PrefixShield keeps more of the victim's hits than LRU, and the
-    paired PrefixShield-LRU CI lies above zero; LRU beats the static quota (whose 255-block
-    share cannot hold the 384-block hot set). Measured: 18.8% vs 8.1%, +10.7 pp [+9.7, +11.8];
-    S3-FIFO 7.6%; static quota 0.0% (the share holds fewer blocks than the four prefixes it
-    cycles through, so its own LRU order evicts each one before its next use)."""
+    """Claim (G1): at 512 blocks PrefixShield keeps more of the victim's hits than LRU (and
+    S3-FIFO), and the paired PrefixShield-LRU CI lies above zero. Measured (the background
+    population): 3.89% vs LRU 2.80%, +1.09 pp [+0.25, +2.06]; S3-FIFO 3.11%."""
     runs = _runs("one_touch", ALL)
-    mean = {p: hit(runs, p).mean() for p in ALL}
+    mean = {p: hit(runs, p).mean() for p in ALL if p != "static_quota"}
     assert mean["prefixshield"] > mean["s3fifo"], mean
-    assert mean["prefixshield"] > mean["lru"] > mean["static_quota"], mean
+    assert mean["prefixshield"] > mean["lru"], mean
     assert gain(runs)["ci_low"] > 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "S3-FIFO >= LRU does not hold at 512 blocks: 7.6% vs 8.1%, paired -0.5 pp [-1.8, +1.1] "
-    "over 10 seeds. Its small FIFO (10% = 51 blocks) is shorter than one "
-    "96-block prefix, so a hot prefix freed by its request is evicted from the small queue "
-    "before its next use can raise its frequency"))
+def test_one_touch_static_quota_cannot_serve_the_eight_group_population():
+    """The static quota beside the claim above: with the background population the trace
+    configures 8 groups, so each one's share is 511 // 8 = 63 blocks, fewer than one victim
+    request's 97-98 blocks: the quota can never admit the victim's first request and fails
+    every seed (the LRU > StaticQuota ordering of the two-group reading has no number to
+    compare)."""
+    runs = _runs("one_touch", ("lru", "static_quota"))
+    sq = runs[runs["policy"] == "static_quota"]
+    assert (sq["status"] == "failed").all()
+    assert sq["error"].str.contains("at most 63 with nothing running").all()
+    two = _runs("one_touch", ("lru", "static_quota"), overrides=(("population", "two_group"),))
+    assert hit(two, "lru").mean() > hit(two, "static_quota").mean() == 0
+
+
 def test_one_touch_s3fifo_at_least_matches_lru():
-    """Claim: S3-FIFO >= LRU on one_touch at 512 blocks (means over seeds)."""
+    """Claim: S3-FIFO >= LRU on one_touch at 512 blocks (means over seeds). Measured: 3.11%
+    against 2.80% (paired +0.32 pp [-0.12, +0.79]). (Under the two-group reading it did not
+    hold: 7.6% against 8.1%.)"""
     runs = _runs("one_touch", ALL)
     assert hit(runs, "s3fifo").mean() >= hit(runs, "lru").mean()
 
@@ -83,68 +92,81 @@ def test_one_touch_s3fifo_at_least_matches_lru():
 def test_protection_grows_from_512_to_4096_blocks():
     """Claim: the PrefixShield-LRU gain grows with capacity, because what in-flight requests
     pin leaves the policy more room to choose in a larger cache. Measured (C_prefill of the
-    reference pool, so the same rates and attack at every size): +10.7 pp at 512, +90.7 pp at
-    4,096 blocks (not monotone in between: +97.1 at 1,024, +95.5 at 2,048)."""
+    reference pool, so the same rates and attack at every size): +1.09 pp at 512, +92.87 pp at
+    4,096 blocks."""
     small, large = gain(_pair("one_touch", 512)), gain(_pair("one_touch", 4096))
     assert large["mean_diff"] > small["mean_diff"] > 0
 
 
 @pytest.mark.parametrize("alpha", [0.4, 0.6, 0.8])
 def test_protection_is_positive_at_loads_40_60_80_percent(alpha):
-    """Claim: the gain stays positive across loads. Measured: +86.0, +10.7, +15.4 pp."""
+    """Claim: the gain stays positive across loads. Measured: +31.39, +1.09, +3.10 pp."""
     assert gain(_pair("one_touch", alpha=alpha))["ci_low"] > 0
 
 
 # ------------------------------------------------------------------------------ pressure
 PRESSURES = (0.5, 1.0, 2.0, 4.0)
+"""The nominal points of the reference's creation-pressure sweep, a one-touch sweep."""
+REFERENCE_MEASURED = {0.5: 0.54, 1.0: 1.02, 2.0: 2.14, 4.0: 4.23}
+"""The pressure ratios the reference measured at those points."""
 
 
 def _pressure(ratio, policies=("lru", "prefixshield")):
-    return _runs("low_and_slow", policies, overrides=(("pressure_ratio", ratio),))
+    """one_touch at the sweep point ``ratio``: its designed pressure and fitted window
+    (``prefixshield.workloads.one_touch.PRESSURE_SWEEP``), as ``reproduce`` runs it."""
+    from prefixshield.workloads.one_touch import PRESSURE_SWEEP, PRESSURE_SWEEP_DURATION_S
+
+    return _runs("one_touch", policies, overrides=(
+        ("duration_s", PRESSURE_SWEEP_DURATION_S),
+        ("pressure_ratio", dict(PRESSURE_SWEEP)[ratio])))
 
 
 @pytest.mark.parametrize("ratio", [
     pytest.param(0.5, marks=pytest.mark.xfail(strict=True, reason=(
-        "at 0.5 the measured ratio is 0.575 (+15%): the attacker sends one request every "
-        "12.1 s, 4 in the 42 s window where 3.46 are designed (the reference measured 0.54 at "
-        "its 0.5 point); 1, 2, 4 measure 1.007, 2.013, 4.025"))),
+        "at 0.5 the measured ratio is 0.60 (the reference: 0.54, +12%): the attacker sends "
+        "one 97-block request every 11.7 s, 4 in the 40 s window, and the designed rate that "
+        "gives 0.54 on the fit's seed 100 gives 0.60-0.61 on seeds 0-9; 1, 2, 4 measure 1.06, "
+        "2.11, 4.23"))),
     1.0, 2.0, 4.0])
 def test_measured_pressure_matches_the_designed_ratio(ratio):
-    """The pressure knob does what it says: the attacker's measured creation (prompt and
-    decode blocks over its refill) is within 10% of the designed ratio."""
+    """The pressure knob does what it says: at each sweep point the attacker's measured
+    creation (prompt and decode blocks over its refill) is within 10% of the ratio the
+    reference measured there."""
     measured = _pressure(ratio)["attacker_pressure_ratio"].to_numpy()
-    assert np.allclose(measured, ratio, rtol=0.10), (ratio, measured)
+    assert np.allclose(measured, REFERENCE_MEASURED[ratio], rtol=0.10), (ratio, measured)
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "below refill PrefixShield still gains: at the 0.5 point (measured 0.60) +1.12 pp "
+    "[+0.71, +1.53] (98.48% against LRU's 97.37%): nobody is in debt, but the retention "
+    "classes keep the victim's reused hot prefixes over the attacker's and the background "
+    "groups' once-touched blocks, which LRU does not (the next test pins it)"))
 def test_no_protection_below_refill():
-    """Claim: at a measured pressure ratio <= 0.6 the gain's CI includes zero. Measured: 0.575;
-    PrefixShield and LRU both 99.25%, +0.0 pp on every seed."""
+    """Claim: below refill (the sweep's 0.5 point) the gain's CI includes zero."""
     runs = _pressure(0.5)
-    assert runs["attacker_pressure_ratio"].max() <= 0.6
+    assert runs["attacker_pressure_ratio"].max() < 1
     d = gain(runs)
     assert d["ci_low"] <= 0 <= d["ci_high"]
 
 
 def test_below_refill_the_debt_machinery_is_idle():
     """Mechanism behind the previous test: below refill no group owes anything, so the debt
-    machinery is idle (responsibility off changes nothing) and PrefixShield could differ from
-    LRU only by its retention classes (segmentation off gives LRU's result exactly); here the
-    classes change nothing either (PrefixShield gives LRU's result exactly)."""
+    machinery is idle (responsibility off changes nothing) and PrefixShield differs from LRU
+    only by its retention classes (segmentation off gives LRU's result exactly); the classes
+    are what gains (PrefixShield above LRU on every seed)."""
     runs = _pressure(0.5, ("lru", "prefixshield", "prefixshield:segmentation=false",
                            "prefixshield:responsibility=false"))
     assert (runs["attacker_mean_debt_blocks"] == 0).all()
     assert np.array_equal(hit(runs, "prefixshield:segmentation=false"), hit(runs, "lru"))
     assert np.array_equal(hit(runs, "prefixshield:responsibility=false"),
                           hit(runs, "prefixshield"))
-    assert np.array_equal(hit(runs, "prefixshield"), hit(runs, "lru"))
+    assert (hit(runs, "prefixshield") > hit(runs, "lru")).all()
 
 
 def test_protection_grows_with_pressure():
-    """Claim: the PrefixShield-LRU gain grows with the creation pressure (0.5, 1, 2, 4).
-    Measured: +0.0, +0.0, +0.0, +0.2 pp: it holds, but flatly. At the fitted low_and_slow
-    attacker (one prefix every few seconds beside a victim that reuses each hot prefix about
-    every 0.7 s) LRU itself loses nothing up to pressure 2 (99.25%) and 0.2 pp at 4 (99.04%);
-    its 6.6-pp loss needs pressure 7.5, the workload's default."""
+    """Claim: the PrefixShield-LRU gain grows with the creation pressure (the one-touch sweep's
+    0.5, 1, 2, 4). Measured: +1.12, +3.00, +6.56, +16.88 pp (LRU 97.37%, 95.28%, 90.84%,
+    80.17%; PrefixShield 97.0-98.5% throughout)."""
     gains = [gain(_pressure(r))["mean_diff"] for r in PRESSURES]
     assert all(b >= a for a, b in zip(gains, gains[1:])), gains
 
@@ -192,7 +214,10 @@ def _replay(wait_factor):
         trace, _ = build_trace(s)
         for label, r in run_policies(trace, s).items():
             rec = r.records
+            neutral = r.evictions[r.groups.index("benign")]  # the neutral phase's requests
             rows.append({
+                "neutral_victim_evicted": int(neutral[r.groups.index("victim")]),
+                "neutral_attacker_evicted": int(neutral[r.groups.index("attacker")]),
                 "seed": seed, "policy": label,
                 "victim_hit": rec.loc[(rec["role"] == "victim") & rec["measured"],
                                       "hit_fraction"].mean(),
@@ -220,8 +245,9 @@ def test_replay_while_in_debt_is_gated(wait_factor):
     """Claim (G2, invariant I2): a replay before the debt is repaid manufactures no REUSE block
     (the gate refuses every promotion; without it every replayed hit is promoted, at least the
     blocks the replays' first scheduling hit, more where a preempted replay hits its blocks
-    again). Measured over 10 seeds: 192.5 blocks promoted without the gate at both waits, 0
-    with it."""
+    again). Measured over 10 seeds: 192 and 91.4 blocks promoted without the gate at waits 0
+    and 0.5 (at 0.5 the victim's and background traffic of the wait evicted some of the
+    attacker's blocks before the replay), 0 with it."""
     on, off = _gated_vs_open(wait_factor)
     assert (on["eligible"].to_numpy() > 0).all()
     assert (on["granted"] == 0).all() and (on["gated"] > 0).all()
@@ -229,26 +255,50 @@ def test_replay_while_in_debt_is_gated(wait_factor):
     assert (off["granted"].to_numpy() >= off["eligible"].to_numpy()).all()
 
 
+GATE_REASON = (
+    "the victim's pass after the neutral phase hits as much without the gate as with it: "
+    "+0.00 pp on every seed at wait 0 (98.58% both) and at 0.5 (99.28% both; LRU 61.5% and "
+    "83.2% in reproduce's table). The gate refuses every replay promotion (192 and 91.4 "
+    "blocks), but the attacker is in debt and responsibility reclaims the indebted group's blocks first whatever their "
+    "class: at wait 0 the neutral phase evicts the same blocks either way (55.2 attacker- and "
+    "9.3 victim-owned), at 0.5 0.3 victim-owned blocks with the gate, 1.6 without, none of "
+    "which the pass hits. With responsibility off the gate does show: 77.27% against 73.16% "
+    "at wait 0 (compat 0.10, as reproduce runs it; the next test pins it)")
+
+
 @pytest.mark.parametrize("wait_factor", [
-    pytest.param(0.0, marks=pytest.mark.xfail(strict=True, reason=(
-        "the victim's gain from the gate is +0.01 pp [+0.00, +0.02] at wait 0: the gate keeps "
-        "more of the victim's blocks cached through the neutral phase (19 victim-owned blocks "
-        "evicted with it, 127 without: reproduce's delayed-replay table) but the victim's hit "
-        "ratio is 99.24% against 99.23%, so those are blocks its later requests barely hit"))),
-    0.5])
+    pytest.param(0.0, marks=pytest.mark.xfail(strict=True, reason=GATE_REASON)),
+    pytest.param(0.5, marks=pytest.mark.xfail(strict=True, reason=GATE_REASON))])
 def test_the_victim_gains_from_the_gate(wait_factor):
     """Claim: the victim keeps more of its hits with the gate than without (paired CI above
-    zero). Measured: +0.01 pp [+0.00, +0.02] at wait 0, +0.07 pp [+0.02, +0.11] at 0.5."""
+    zero), judged on its measured pass over its hot prefixes after the neutral phase."""
     on, off = _gated_vs_open(wait_factor)
     d = paired_difference(on["victim_hit"].to_numpy(), off["victim_hit"].to_numpy())
     assert d["ci_low"] > 0, d
 
 
+def test_while_in_debt_responsibility_decides_what_the_neutral_phase_evicts():
+    """Mechanism behind the previous test: at wait 0 the neutral phase's evictions by owner are
+    the same whether the replayed blocks were promoted or not, on every seed, most of them the
+    attacker's; with responsibility off (the indebted group no longer reclaimed first) the
+    gate raises the victim's pass hit ratio (means over seeds, waits 0 and 0.5)."""
+    on, off = _gated_vs_open(0.0)
+    for col in ("neutral_victim_evicted", "neutral_attacker_evicted"):
+        assert np.array_equal(on[col].to_numpy(), off[col].to_numpy()), col
+    assert on["neutral_attacker_evicted"].sum() > on["neutral_victim_evicted"].sum()
+    for wait in (0.0, 0.5):
+        runs = _runs("delayed_replay", ("prefixshield:responsibility=false",
+                                        "prefixshield:debt_gate=false,responsibility=false"),
+                     overrides=(("wait_factor", wait),))
+        assert hit(runs, "prefixshield:responsibility=false").mean() > hit(
+            runs, "prefixshield:debt_gate=false,responsibility=false").mean(), wait
+
+
 def test_after_the_clearance_time_gate_and_no_gate_converge():
     """Claim (the gate is never permanent): replaying after the designed clearance time, the
     victim's hit ratio with and without the gate agree (paired CI includes zero) and the gate
-    grants promotions again. Measured: +0.00 pp on every seed; the gate granted all 192.5
-    eligible blocks."""
+    grants promotions again. Measured: +0.00 pp on every seed (99.14%); the gate granted 31.0
+    of the 63.3 blocks granted without it (the bucket refills only to the clearance point)."""
     on, off = _gated_vs_open(1.0)
     d = paired_difference(on["victim_hit"].to_numpy(), off["victim_hit"].to_numpy())
     assert d["ci_low"] <= 0 <= d["ci_high"], d

@@ -23,6 +23,8 @@ TIMES = ["ttft_s", "e2e_s", "queue_s", "block_s"]
 
 
 def trace_of(workload: str, seed: int = 0, **overrides):
+    if workload == "one_touch":  # every policy serves the two-group population (no static
+        overrides.setdefault("population", "two_group")  # share holds an 8-group victim)
     spec = RunSpec(workload=workload, policies=("lru",), engine=EngineConfig(), profile=PROFILE,
                    seed=seed, overrides=overrides)
     return build_trace(spec)[0]

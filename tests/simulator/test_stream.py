@@ -48,7 +48,7 @@ def both(trace, policy, config, tmp_path, window_rows, chunk_rows, **params):
 def test_a_streamed_run_is_the_unstreamed_run_bit_for_bit(policy, tmp_path):
     # a pool small enough to preempt and evict, invariants checked after every step
     trace = generate("one_touch", duration_s=5.0, seed=1, num_blocks=300,
-                     output_tokens=(64, 200))
+                     output_tokens=(64, 200), population="two_group")
     config = EngineConfig(num_blocks=300, check_invariants=True)
     whole, streamed = both(trace, policy, config, tmp_path, window_rows=3, chunk_rows=7)
     back = streamed.load()

@@ -1,6 +1,12 @@
 """Generated traces are pinned bit for bit: the vectorised generators (flat segment arrays,
 no Python loop per request) give exactly the traces the per-row generators gave before them.
 
+The attack workloads gained a traffic population (issue 32): their default is now the
+``background`` population, a different trace. ``population=two_group`` draws the traces they
+drew before, row for row; :data:`CASES` pins those with the population's new meta keys left out
+(:func:`pinned`), so every earlier digest still holds. :data:`BACKGROUND_CASES` pins the new
+defaults.
+
 The digests were computed from main at 31ac9e9 (before the generators were vectorised) with
 :func:`trace_digest`; a change to any generator's output (a row, a dtype, a segment, the meta)
 changes its digest. Regenerate them only for a deliberate change of a workload, and say so.
@@ -97,6 +103,54 @@ CASES = [
 no-attack controls, a searched attacker on two contracts with replays, and longer traces."""
 
 
+POPULATION_WORKLOADS = ("one_touch", "low_and_slow", "two_pass_replay", "delayed_replay",
+                        "searched_attack")
+"""The workloads with a traffic population (:mod:`prefixshield.workloads.population`)."""
+POPULATION_PARAMS = ("population", "background_groups", "victim_share", "victim_rate",
+                     "background_prefix_tokens", "background_contract", "background_group",
+                     "template_tokens")
+PHASED_PARAMS = ("judge", "victim_phase_rate", "neutral_prefix_tokens", "pass_gap_s",
+                 "measured_passes")
+"""delayed_replay's fields of its phased experiment (``judge=pass``), also issue 32."""
+POPULATION_META = ("population", "victim_rate_req_per_s", "victim_share", "background_groups",
+                   "population_groups")
+
+
+def pinned(name: str, overrides: dict):
+    """The trace :data:`CASES` pins: an attack workload under ``population=two_group`` (the
+    only population before issue 32) with the population's keys left out of its meta; every
+    other workload as generated."""
+    if name not in POPULATION_WORKLOADS:
+        return generate(name, **overrides)
+    t = generate(name, **{**overrides, "population": "two_group"})
+    for k in POPULATION_META:
+        t.meta.pop(k)
+    for k in POPULATION_PARAMS + (PHASED_PARAMS if name == "delayed_replay" else ()):
+        t.meta["params"].pop(k)
+    return t
+
+
 @pytest.mark.parametrize("name,overrides,expected", CASES)
 def test_generated_trace_is_bit_identical_to_the_per_row_generator(name, overrides, expected):
+    assert trace_digest(pinned(name, overrides)) == expected
+
+
+BACKGROUND_CASES = [
+    ('one_touch', {'seed': 0}, '362ce840b344fc31'),
+    ('one_touch', {'seed': 7}, 'f6a3814938d41131'),
+    ('low_and_slow', {'seed': 0}, 'c49017fd5c316546'),
+    ('low_and_slow', {'seed': 3, 'attack': False}, '003700b29a6c3041'),
+    ('two_pass_replay', {'seed': 0}, 'b2227e551cb162dd'),
+    ('delayed_replay', {'seed': 0}, 'baee16325ffb6808'),
+    ('one_touch', {'seed': 5, 'duration_s': 400.0}, '0d790f798e250d44'),
+    ('low_and_slow', {'seed': 3, 'duration_s': 1500.0, 'base_rate': 2.0},
+     '8e060505de547cf5'),
+]
+"""(workload, overrides, digest) of the default ``background`` population (issue 32): the
+traces the attack workloads draw now, pinned when the population was added (a streamed,
+windowed trace among them)."""
+
+
+@pytest.mark.parametrize("name,overrides,expected", BACKGROUND_CASES)
+def test_the_background_population_traces_are_pinned(name, overrides, expected):
     assert trace_digest(generate(name, **overrides)) == expected
