@@ -85,7 +85,6 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
         from prefixshield.experiments.single import (RunSpec, build_trace, check_out_dir,
                                                      is_trace_file, run_policies,
                                                      write_outputs)
-        from prefixshield.experiments.sizing import check_admissible
         from prefixshield.simulator.costmodel import load_profile
 
         _load_numba_target()
@@ -106,12 +105,14 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
     if stream:
         _run_stream(spec, out_dir, contracts_mode)
         return
+    every = _selects_all(policies)
     with Stages() as stages:
         # the C_prefill probe runs the engine: the first compilation may happen here
         stages.stage(f"building the trace of {workload}{compile_note()}")
-        _check_pool(spec)
+        spec = _check_pool(spec, every)
         trace, info = build_trace(spec)
-        check_admissible(trace, spec.engine, spec.policies, workload)
+        spec = _admissible(trace, spec, workload, every)
+    names = spec.policies
     spec = _trace_priorities(spec, trace)
     _print_header(workload, trace, spec, info, sizing)
     if sizing:
@@ -211,7 +212,6 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
         from prefixshield.experiments.contract_fit import debt_warning
         from prefixshield.experiments.paired import paired_table, run_paired
         from prefixshield.experiments.single import RunSpec, build_trace, is_trace_file
-        from prefixshield.experiments.sizing import check_admissible
         from prefixshield.experiments.tenant_view import results_tenant_frame
         from prefixshield.simulator.costmodel import load_profile
 
@@ -226,11 +226,13 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
                    profile=load_profile(profile), alpha=alpha, overrides=typed,
                    c_prefill_basis=c_prefill_basis, fleet=fleet, scale_to_load=scale_to_load,
                    resample="sessions" if trace_file else None)
+    every = _selects_all(policies)
     with Stages() as stages:
         stages.stage(f"building seed 0's trace of {workload}{compile_note()}")
-        _check_pool(spec)
+        spec = _check_pool(spec, every)
         trace0, info0 = build_trace(spec)
-        check_admissible(trace0, spec.engine, spec.policies, workload)
+        spec = _admissible(trace0, spec, workload, every)
+    names = spec.policies
     _print_header(workload, trace0, spec, info0, sizing)
     if trace_file:
         b = info0["bootstrap"]
@@ -553,18 +555,41 @@ def _on_done(stages, timings: dict[str, float], describe):
     return done
 
 
-def _check_pool(spec) -> None:
+def _selects_all(policies: tuple[str, ...]) -> bool:
+    """Whether ``--policy`` asked for ``all`` (then a policy that cannot serve the trace is left
+    out with a line, not refused: see :func:`_admissible`)."""
+    return any(part.strip() == "all" for v in policies for part in v.split(","))
+
+
+def _admissible(trace, spec, source: str, every: bool):
+    """``spec`` with only the policies under which every request of ``trace`` can be admitted
+    (:func:`prefixshield.experiments.sizing.unadmittable`). A policy named on the command line
+    that cannot is refused (``ValueError``, one line, before any simulation); under
+    ``--policy all`` it is left out with a line saying why, unless none is left."""
+    from prefixshield.experiments.sizing import unadmittable
+
+    bad = unadmittable(trace, spec.engine, spec.policies, source)
+    if not bad:
+        return spec
+    if not every or len(bad) == len(spec.policies):
+        raise ValueError(next(iter(bad.values())))
+    for label, why in bad.items():
+        console.print(f"[yellow]--policy all: {label} left out[/]: {why}")
+    return replace(spec, policies=tuple(p for p in spec.policies if p not in bad))
+
+
+def _check_pool(spec, every: bool = False):
     """A trace file's pool checked against its requests before anything is simulated (the
-    C_prefill probe of --scale-to-engine included): see
-    :func:`prefixshield.experiments.sizing.check_admissible`."""
+    C_prefill probe of --scale-to-engine included): ``spec`` as :func:`_admissible` leaves it
+    (a generated workload's is checked once its trace is built)."""
     from prefixshield.experiments.single import is_trace_file
 
-    if is_trace_file(spec.workload):
-        # Parquet I/O only when a file is read (as build_trace does)
-        from prefixshield.experiments.sizing import check_admissible
-        from prefixshield.traces.io import read_trace
+    if not is_trace_file(spec.workload):
+        return spec
+    # Parquet I/O only when a file is read (as build_trace does)
+    from prefixshield.traces.io import read_trace
 
-        check_admissible(read_trace(spec.workload), spec.engine, spec.policies, spec.workload)
+    return _admissible(read_trace(spec.workload), spec, spec.workload, every)
 
 
 def _engine(workload, policies, num_blocks, block_size, max_num_seqs, max_num_batched_tokens,

@@ -71,18 +71,19 @@ def smallest_pool(trace: Trace, engine: EngineConfig, policies) -> tuple[int, st
     return best
 
 
-def check_admissible(trace: Trace, engine: EngineConfig, policies, source: str) -> None:
-    """Raise ``ValueError`` (one line, before any simulation) if some request of ``trace`` can
-    never be admitted on ``engine``'s pool under one of ``policies`` (specs): it names the
-    policy, the request, the blocks it needs, what the policy lets its group hold, and the
-    smallest pool that serves every request under every policy given."""
+def unadmittable(trace: Trace, engine: EngineConfig, policies, source: str) -> dict[str, str]:
+    """The policy specs of ``policies`` under which some request of ``trace`` can never be
+    admitted on ``engine``'s pool, each with its one-line reason: the policy, the request, the
+    blocks it needs, what the policy lets its group hold, and the smallest pool that serves
+    every request under every policy given. Empty when every policy serves every request."""
     from prefixshield.policies import POLICIES
 
     need = request_needs(trace, engine)
     if not need.size:
-        return
+        return {}
     row = int(np.argmax(need))
     groups = trace.group_names()
+    bad: dict[str, str] = {}
     for spec in policies:
         name, _kw = parse_policy_spec(spec)
         cap = POLICIES[name].group_capacity(engine.num_blocks, len(groups))
@@ -93,12 +94,22 @@ def check_admissible(trace: Trace, engine: EngineConfig, policies, source: str) 
         share = ("" if cap == engine.num_blocks - 1 else
                  f" (its share: {engine.num_blocks - 1:,} usable blocks over {len(groups)} "
                  "groups)")
-        raise ValueError(
+        bad[spec] = (
             f"{source}: under {spec}, request {int(df['request_id'].iloc[row])} of group "
             f"{str(df['group'].iloc[row])!r} needs {int(need[row]):,} blocks of prompt and "
             f"output but a group may hold at most {cap:,} of {engine.num_blocks:,}{share}: it "
             f"could never be admitted; the smallest pool that serves it is {pool:,} blocks "
             f"(--blocks {pool})")
+    return bad
+
+
+def check_admissible(trace: Trace, engine: EngineConfig, policies, source: str) -> None:
+    """Raise ``ValueError`` (one line, before any simulation) if some request of ``trace`` can
+    never be admitted on ``engine``'s pool under one of ``policies`` (specs); the message is
+    the first policy's of :func:`unadmittable`."""
+    bad = unadmittable(trace, engine, policies, source)
+    if bad:
+        raise ValueError(next(iter(bad.values())))
 
 
 def resolve_auto(workload: str, engine: EngineConfig, policies, blocks) -> tuple[
