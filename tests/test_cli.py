@@ -154,7 +154,8 @@ def test_result_files_get_ordinary_permissions(tmp_path):
 
 
 # ------------------------------------------- a pool a policy cannot serve is refused up front
-BIG = ["--set", "prefix_tokens=6144", "--set", "base_rate=0.3", "--set", "duration_s=8"]
+BIG = ["--set", "prefix_tokens=6144", "--set", "base_rate=0.3", "--set", "duration_s=8",
+       "--set", "population=two_group"]
 """A 388-block prompt: more than static_quota's 255-block share of two tenants at 512 blocks."""
 REFUSED = ("under static_quota, request 0 of group 'victim' needs 386 blocks of prompt and "
            "output but a group may hold at most 255 of 512 (its share: 511 usable blocks over 2 "
@@ -170,6 +171,21 @@ def test_a_pool_a_policy_cannot_serve_is_refused_before_any_simulation(tmp_path,
     assert REFUSED in " ".join(r.output.split())
     assert "simulating" not in r.output and "seed 0:" not in r.output
     assert not out.exists()
+
+
+def test_policy_all_leaves_out_a_policy_that_cannot_serve_with_a_line(tmp_path):
+    # the default population's 8 groups: static_quota's share (63 blocks) is less than one
+    # 98-block victim request, so `all` runs the other policies and says why
+    out = tmp_path / "all"
+    r = invoke("run", "one_touch", "-p", "all", *SMALL, "--out", out)
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "--policy all: static_quota left out: one_touch: under static_quota, request 0" in text
+    assert "(its share: 511 usable blocks over 8 groups)" in text
+    assert list(pd.read_csv(out / "summary.csv")["policy"]) == ["lru", "prefixshield", "s3fifo"]
+    r = invoke("run", "one_touch", "-p", "lru,static_quota", *SMALL)
+    assert r.exit_code == 1 and "left out" not in r.output
+    assert "it could never be admitted" in " ".join(r.output.split())
 
 
 def test_the_smallest_pool_named_serves_the_request():

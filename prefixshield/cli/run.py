@@ -82,9 +82,8 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
     WORKLOAD is a generated workload name or a trace .parquet file (see `prefixshield trace`).
     """
     with _loading():
-        from prefixshield.experiments.single import (RunSpec, build_trace, check_out_dir,
-                                                     is_trace_file, run_policies,
-                                                     write_outputs)
+        from prefixshield.experiments.single import (RunSpec, check_out_dir, is_trace_file,
+                                                     run_policies, write_outputs)
         from prefixshield.simulator.costmodel import load_profile
 
         _load_numba_target()
@@ -105,13 +104,9 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
     if stream:
         _run_stream(spec, out_dir, contracts_mode)
         return
-    every = _selects_all(policies)
-    with Stages() as stages:
-        # the C_prefill probe runs the engine: the first compilation may happen here
-        stages.stage(f"building the trace of {workload}{compile_note()}")
-        spec = _check_pool(spec, every)
-        trace, info = build_trace(spec)
-        spec = _admissible(trace, spec, workload, every)
+    # the C_prefill probe runs the engine: the first compilation may happen here
+    spec, trace, info = _checked_trace(spec, policies,
+                                       f"building the trace of {workload}{compile_note()}")
     names = spec.policies
     spec = _trace_priorities(spec, trace)
     _print_header(workload, trace, spec, info, sizing)
@@ -211,7 +206,7 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
         from prefixshield.experiments.analysis import fmt_ci
         from prefixshield.experiments.contract_fit import debt_warning
         from prefixshield.experiments.paired import paired_table, run_paired
-        from prefixshield.experiments.single import RunSpec, build_trace, is_trace_file
+        from prefixshield.experiments.single import RunSpec, is_trace_file
         from prefixshield.experiments.tenant_view import results_tenant_frame
         from prefixshield.simulator.costmodel import load_profile
 
@@ -226,12 +221,8 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
                    profile=load_profile(profile), alpha=alpha, overrides=typed,
                    c_prefill_basis=c_prefill_basis, fleet=fleet, scale_to_load=scale_to_load,
                    resample="sessions" if trace_file else None)
-    every = _selects_all(policies)
-    with Stages() as stages:
-        stages.stage(f"building seed 0's trace of {workload}{compile_note()}")
-        spec = _check_pool(spec, every)
-        trace0, info0 = build_trace(spec)
-        spec = _admissible(trace0, spec, workload, every)
+    spec, trace0, info0 = _checked_trace(
+        spec, policies, f"building seed 0's trace of {workload}{compile_note()}")
     names = spec.policies
     _print_header(workload, trace0, spec, info0, sizing)
     if trace_file:
@@ -553,6 +544,21 @@ def _on_done(stages, timings: dict[str, float], describe):
         t0[0] = time.perf_counter()
         stages.done(describe(name, result, timings[name]))
     return done
+
+
+def _checked_trace(spec, policies: tuple[str, ...], stage: str):
+    """``(spec, trace, info)``: ``spec``'s trace built behind the stage line ``stage``, its pool
+    checked before (a trace file's requests, :func:`_check_pool`) and after (every request
+    admissible under each policy, :func:`_admissible`; ``policies`` as ``--policy`` gave
+    them)."""
+    from prefixshield.experiments.single import build_trace
+
+    every = _selects_all(policies)
+    with Stages() as stages:
+        stages.stage(stage)
+        spec = _check_pool(spec, every)
+        trace, info = build_trace(spec)
+        return _admissible(trace, spec, spec.workload, every), trace, info
 
 
 def _selects_all(policies: tuple[str, ...]) -> bool:
