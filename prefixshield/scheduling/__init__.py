@@ -2,8 +2,9 @@
 running request is preempted, and per-tenant admission limits.
 
 ``fcfs`` (vLLM's default), ``priority`` (vLLM's ``priority`` policy), ``vtc`` (the Virtual
-Token Counter) and ``kvtc`` (VTC charged also for KV block-seconds held) are registered in :data:`SCHEDULERS`; :class:`SchedulerConfig` chooses one per
-run, with :class:`TenantLimits` per group.
+Token Counter) and ``kvtc`` (VTC charged also for KV block-seconds held) are registered in
+:data:`SCHEDULERS`; :class:`SchedulerConfig` chooses one per run, with :class:`TenantLimits`
+per group.
 """
 
 from prefixshield.scheduling.config import (ALL_GROUPS, LIMIT_KEYS, SchedulerConfig,
