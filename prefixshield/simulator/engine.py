@@ -12,9 +12,9 @@ The scheduler follows vLLM v1's ``Scheduler.schedule``:
    (head-of-line blocking).
 
 That is vLLM's default scheduling (``EngineConfig.scheduler`` = FCFS without limits). Another
-scheduler (:mod:`prefixshield.scheduling`: ``priority``, ``vtc``) chooses the waiting order and
-the preemption victim, and per-tenant limits hold requests back; those runs take the per-step
-batched path (or the step-by-step one), where ``Engine.scheduler`` is called.
+scheduler (:mod:`prefixshield.scheduling`: ``priority``, ``vtc``, ``kvtc``) chooses the waiting
+order and the preemption victim, and per-tenant limits hold requests back; those runs take the
+per-step batched path (or the step-by-step one), where ``Engine.scheduler`` is called.
 
 Every path records, per request, the first admission time, the prefix cached at arrival and
 the KV block-seconds its block table held, and per group the blocks held by running requests
