@@ -97,9 +97,15 @@ class Scheduler(ABC):
     def on_output(self, group: int, num_tokens: int) -> None:
         """``num_tokens`` output tokens of a request of ``group`` were emitted."""
 
+    @property
+    def wants_capacity(self) -> bool:
+        """Whether :meth:`bind_capacity` is to be called before the run."""
+        return False
+
     def bind_capacity(self, usable_blocks: int, prompt_tokens_per_s: float) -> None:
-        """The engine's capacity, told once before the run: its usable KV blocks and the
-        prompt tokens per second a full-budget prefill step computes (simulated seconds)."""
+        """The engine's capacity, told once before the run when :attr:`wants_capacity`: its
+        usable KV blocks and the prompt tokens per second a full-budget prefill step computes
+        (simulated seconds)."""
 
     def on_hold(self, held: np.ndarray, seconds: float) -> None:
         """Over the ``seconds`` (simulated) that just passed, group ``g``'s running requests

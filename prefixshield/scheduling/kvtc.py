@@ -74,6 +74,11 @@ class KVTCScheduler(VTCScheduler):
         w = self.config.kvtc_kv_weight
         self.kv_weight: float | None = None if w is None else float(w)
 
+    @property
+    def wants_capacity(self) -> bool:
+        """Whether the KV weight is the capacity price (not given)."""
+        return self.config.kvtc_kv_weight is None
+
     def bind_capacity(self, usable_blocks: int, prompt_tokens_per_s: float) -> None:
         if self.config.kvtc_kv_weight is None:
             self.kv_weight = capacity_price(usable_blocks, prompt_tokens_per_s)

@@ -161,8 +161,11 @@ def check_fits(config: EngineConfig, prompt_tokens: np.ndarray, output_tokens: n
         f"{config.block_size} tokens)")
 
 def bind_capacity(scheduler, config: EngineConfig, cost: CostModel) -> None:
-    """Tell ``scheduler`` the engine's capacity (see ``Scheduler.bind_capacity``): the usable
-    blocks and the prompt tokens per simulated second of a full-budget prefill step."""
+    """Tell ``scheduler`` the engine's capacity (see ``Scheduler.bind_capacity``) if it wants
+    it: the usable blocks and the prompt tokens per simulated second of a full-budget prefill
+    step. Only then is ``cost`` asked (a recorded cost model prices its calls in order)."""
+    if not scheduler.wants_capacity:
+        return
     m = config.max_num_batched_tokens
     scheduler.bind_capacity(config.num_blocks - 1, m / cost.step_time(m, 0, m, 0))
 
