@@ -8,8 +8,8 @@ What runs live, per :class:`~prefixshield.scheduling.SchedulerConfig`:
   ``scheduling_policy="priority"`` builds at start-up (vLLM reads ``policy`` only there and in
   the preemption branch of ``schedule``), and each request is submitted with its group's
   priority. This is vLLM's code, not ours: the live run checks the simulator's model of it.
-* per-tenant limits (any scheduler), ``vtc`` and ``kvtc``: :class:`TenantRequestQueue` replaces the
-  scheduler's waiting queue. It holds the very scheduler class the simulator runs (same
+* per-tenant limits (any scheduler), ``vtc`` and ``kvtc``: :class:`TenantRequestQueue` replaces
+  the scheduler's waiting queue. It holds the very scheduler class the simulator runs (same
   order, same counters, same eligibility test) and answers vLLM's ``peek_request`` /
   ``pop_request`` with its choice among the requests its group's limits let through; when
   none is eligible the queue reads as empty, so vLLM stops admitting for the step -- the
@@ -283,6 +283,8 @@ class LiveScheduling:
         self.queue = TenantRequestQueue(vllm_scheduler, self.sched, group_id) \
             if uses_queue(config) else None
         self._saved: tuple | None = None
+        # kvtc: the blocks each group holds in the step now running, and when it started
+        self._step_held: tuple[np.ndarray, float] | None = None
 
     def __enter__(self) -> "LiveScheduling":
         from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
@@ -316,7 +318,6 @@ class LiveScheduling:
         update = v.update_from_output
         vtc = self.config.name in ("vtc", "kvtc")
         kvtc = self.config.name == "kvtc"
-        self._step_held: tuple[np.ndarray, float] | None = None
 
         def wrapped_schedule(*args, **kwargs):
             q.flush()
@@ -357,7 +358,7 @@ class LiveScheduling:
         """The step that just returned ended at ``end_s`` replay seconds: a request arriving
         before then arrived while it ran, and sees the counters before its output tokens."""
         q = self.queue
-        if q is not None and getattr(self, "_step_held", None) is not None:
+        if q is not None and self._step_held is not None:
             held, start = self._step_held
             self._step_held = None
             q.pending_hold.append((held, time.monotonic() - start))
