@@ -374,3 +374,11 @@ def test_kvtc_is_deterministic_and_differs_from_vtc():
     a, b = (run(trace, SchedulerConfig("kvtc"), blocks=128) for _ in range(2))
     same_runs(a, b)
     assert not run(trace, SchedulerConfig("vtc"), blocks=128).records.equals(a.records)
+
+
+def test_kvtc_config_round_trips_and_a_default_config_reads_as_before():
+    for cfg in (SchedulerConfig("kvtc"), SchedulerConfig("kvtc", vtc_input_weight=0.0,
+                                                         kvtc_kv_weight=2.5)):
+        assert SchedulerConfig.from_dict(cfg.to_dict()) == cfg
+    assert "kvtc_kv_weight" not in SchedulerConfig("vtc").to_dict()
+    assert SchedulerConfig.from_dict({"name": "kvtc", "kvtc_kv_weight": 1.0}).kvtc_kv_weight == 1.0
