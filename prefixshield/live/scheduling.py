@@ -22,9 +22,10 @@ What runs live, per :class:`~prefixshield.scheduling.SchedulerConfig`:
   Output tokens are charged to the counters from ``update_from_output``; a request that
   arrived while a step ran sees the counters before that step's outputs, as in the simulator
   (whose arrival lands mid-step, before the step's tokens are emitted).
-* ``kvtc``'s block-seconds: after each ``schedule()`` the block-table entries of every group's
-  running requests are read from vLLM's KV manager, and charged, times the step's duration on
-  the monotonic clock (live, the engine's time is real time), with that step's output tokens.
+* ``kvtc``'s block-seconds: after each ``schedule()`` that schedules tokens the block-table
+  entries of every group's running requests are read from vLLM's KV manager, and charged with
+  that step's output tokens, times the step's seconds as the replay records them (live, the
+  engine's time is real time; a step-time replay of the simulator charges the same seconds).
   Its KV weight must be given (``kvtc_kv_weight``): the default, the capacity price, comes from
   the simulator's cost model, which a live engine does not have.
 
@@ -283,8 +284,8 @@ class LiveScheduling:
         self.queue = TenantRequestQueue(vllm_scheduler, self.sched, group_id) \
             if uses_queue(config) else None
         self._saved: tuple | None = None
-        # kvtc: the blocks each group holds in the step now running, and when it started
-        self._step_held: tuple[np.ndarray, float] | None = None
+        # kvtc: the blocks each group holds in the step now running
+        self._step_held: np.ndarray | None = None
 
     def __enter__(self) -> "LiveScheduling":
         from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
@@ -329,8 +330,10 @@ class LiveScheduling:
                 for rank, i in enumerate(order):
                     v.running[i].priority = rank
             out = schedule(*args, **kwargs)
-            if kvtc:  # what the step that runs now holds, and when it started
-                self._step_held = (q.held_blocks(), time.monotonic())
+            if kvtc and out.total_num_scheduled_tokens > 0:
+                # what the step that runs now holds; a step that schedules nothing is folded
+                # into the next one, as the replay's step record folds it
+                self._step_held = q.held_blocks()
             return out
 
         def wrapped_update(scheduler_output, model_runner_output):
@@ -354,14 +357,16 @@ class LiveScheduling:
         if self.queue is not None:
             self.queue.arrival_clock[row] = when_s
 
-    def step_ended(self, end_s: float) -> None:
-        """The step that just returned ended at ``end_s`` replay seconds: a request arriving
-        before then arrived while it ran, and sees the counters before its output tokens."""
+    def step_ended(self, end_s: float, start_s: float) -> None:
+        """The step that just returned ended at ``end_s`` replay seconds and is charged from
+        ``start_s`` (the replay's step record: the previous step's end, or the arrival that
+        woke the engine): a request arriving before ``end_s`` arrived while it ran, and sees
+        the counters before its output tokens (and, under kvtc, its block-seconds: the blocks
+        held in it times ``end_s - start_s``, the seconds the step-time replay charges)."""
         q = self.queue
         if q is not None and self._step_held is not None:
-            held, start = self._step_held
+            q.pending_hold.append((self._step_held, end_s - start_s))
             self._step_held = None
-            q.pending_hold.append((held, time.monotonic() - start))
         if q is not None and (q.pending or q.pending_hold):
             q.pending_end = end_s
 
