@@ -138,8 +138,8 @@ def _fleet_fields(replicas, router, router_key) -> dict:
                    "prompt_tokens and block_s, each at that level]. '--budget prompt_tokens' "
                    "alone is the prompt-token budget of earlier versions.")
 @click.option("--scheduler", default="fcfs", show_default=True, metavar="NAME",
-              help="The engine's scheduler in every run: fcfs, priority or vtc (part of the "
-                   "search's identity: one store per scheduler).")
+              help="The engine's scheduler in every run: fcfs, priority, vtc or kvtc (part of "
+                   "the search's identity: one store per scheduler).")
 @click.option("--tenant-limit", "tenant_limits", multiple=True, metavar="KEY=N",
               help="A per-tenant admission limit of every tenant in every run: max_running, "
                    "max_blocks or max_output_tokens. Repeatable.")

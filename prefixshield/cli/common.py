@@ -275,14 +275,16 @@ def _scheduler_options(fn):
     opts = [
         click.option("--scheduler", default="fcfs", show_default=True, metavar="NAME",
                      help="Scheduling policy of the engine: fcfs (vLLM's default), priority "
-                          "(vLLM's priority policy; see --priority) or vtc (Virtual Token "
-                          "Counter: the least-served waiting tenant first)."),
+                          "(vLLM's priority policy; see --priority), vtc (Virtual Token "
+                          "Counter: the least-served waiting tenant first) or kvtc (VTC "
+                          "charged also for the KV block-seconds a tenant holds)."),
         click.option("--priority", "priorities", multiple=True, metavar="GROUP=N",
                      help="With --scheduler priority: GROUP's priority (lower is served "
                           "first, as in vLLM; groups not named have 0). Repeatable."),
-        click.option("--vtc-weights", default=None, metavar="IN,OUT",
-                     help="With --scheduler vtc: the counter's weight of a prompt token and of "
-                          "an output token [default: 1,2]."),
+        click.option("--vtc-weights", default=None, metavar="IN,OUT[,KV]",
+                     help="With --scheduler vtc or kvtc: the counter's weight of a prompt token "
+                          "and of an output token [default: 1,2]; with kvtc, KV: of one "
+                          "block-second held [default: the engine's capacity price]."),
         click.option("--tenant-limit", "tenant_limits", multiple=True,
                      metavar="[GROUP:]KEY=N",
                      help="A per-tenant admission limit, for GROUP or (no GROUP) every group: "
@@ -480,16 +482,22 @@ def _scheduler_config(name: str, priorities: tuple[str, ...], vtc_weights: str |
         raise click.BadParameter(f"--priority is read by --scheduler priority, not {name}",
                                  param_hint="--priority")
     if vtc_weights is not None:
-        if name != "vtc":
-            raise click.BadParameter(f"--vtc-weights is read by --scheduler vtc, not {name}",
-                                     param_hint="--vtc-weights")
+        if name not in ("vtc", "kvtc"):
+            raise click.BadParameter(f"--vtc-weights is read by --scheduler vtc or kvtc, not "
+                                     f"{name}", param_hint="--vtc-weights")
         parts = vtc_weights.split(",")
+        n = 3 if name == "kvtc" and len(parts) == 3 else 2
         try:
-            w_in, w_out = (float(x) for x in parts)
+            if len(parts) != n:
+                raise ValueError
+            weights = [float(x) for x in parts]
         except ValueError:
-            raise click.BadParameter(f"expected IN,OUT (two numbers), got {vtc_weights!r}",
+            want = "IN,OUT or IN,OUT,KV (numbers)" if name == "kvtc" else "IN,OUT (two numbers)"
+            raise click.BadParameter(f"expected {want}, got {vtc_weights!r}",
                                      param_hint="--vtc-weights") from None
-        kw["vtc_input_weight"], kw["vtc_output_weight"] = w_in, w_out
+        kw["vtc_input_weight"], kw["vtc_output_weight"] = weights[:2]
+        if n == 3:
+            kw["kvtc_kv_weight"] = weights[2]
     try:
         kw["limits"] = limits_from_items([parse_limit(t) for t in tenant_limits])
     except ValueError as e:

@@ -406,9 +406,12 @@ def _scheduler_text(sc) -> str:
     if sc.name == "priority":
         parts.append("priorities " + (", ".join(f"{g}={p}" for g, p in sc.priorities)
                                       or "all 0"))
-    if sc.name == "vtc":
+    if sc.name in ("vtc", "kvtc"):
         parts.append(f"weights {sc.vtc_input_weight:g} per prompt token, "
                      f"{sc.vtc_output_weight:g} per output token")
+    if sc.name == "kvtc":
+        parts.append("KV " + ("priced at capacity" if sc.kvtc_kv_weight is None
+                              else f"{sc.kvtc_kv_weight:g}") + " per block-second")
     for g, lim in sc.limits:
         who = "every group" if g == "*" else g
         parts.append(f"{who}: " + ", ".join(f"{k}={v}" for k, v in vars(lim).items()

@@ -654,8 +654,8 @@ def overhead_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) ->
 
 def schedulers_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) -> Section:
     """What each scheduler costs benign traffic: ShareGPT and borrowing under fcfs (the benign
-    and borrowing tables' runs), vtc and the per-tenant cap, per policy: hit ratio, P95 TTFT and
-    P95 queueing delay (all measured requests), and the change from fcfs with the same policy
+    and borrowing tables' runs), vtc, the per-tenant cap and kvtc, per policy: hit ratio, P95
+    TTFT and P95 queueing delay (all measured requests), and the change from fcfs with the same policy
     (mean over seeds; the traces are identical per seed)."""
     from prefixshield.experiments.reproduce import SCHEDULER_SETTINGS
 

@@ -36,9 +36,11 @@ SCHEDULER_SETTINGS = (
     ("vtc", "vtc", {"scheduler": "vtc"}),
     ("cap", f"fcfs, tenant_max_running={TENANT_MAX_RUNNING}",
      {"tenant_max_running": TENANT_MAX_RUNNING}),
+    ("kvtc", "kvtc", {"scheduler": "kvtc"}),
 )
 """(key, label, sweep fields) of the schedulers the evaluation compares: vLLM's default, the
-Virtual Token Counter (its default weights) and FCFS with a per-tenant concurrency cap."""
+Virtual Token Counter (its default weights), FCFS with a per-tenant concurrency cap and KVTC
+(VTC charged also for KV block-seconds held; its default weights and capacity price)."""
 SCHEDULER_BENIGN = ("sharegpt", "borrowing")
 """The benign workloads run under every scheduler (fcfs: the benign and borrowing tables')."""
 SEARCH_TRIALS, SEARCH_SEEDS = 200, 5

@@ -10,7 +10,8 @@ key                                what it sets
 ``compat`` ``max_num_seqs``        engine: vLLM compat mode / scheduler limits
 ``max_num_batched_tokens``
 ``reserve_full_prompt``
-``scheduler``                      engine: scheduling policy (``fcfs``, ``priority``, ``vtc``)
+``scheduler``                      engine: scheduling policy (``fcfs``, ``priority``, ``vtc``,
+                                   ``kvtc``)
 ``tenant_max_running``             engine: per-tenant admission limits applied to every group
 ``tenant_max_blocks``              (running requests; blocks held by running requests; output
 ``tenant_max_output_tokens``       tokens per request)

@@ -35,7 +35,7 @@ import pandas as pd
 from prefixshield.fleet.slots import Slot
 from prefixshield.scheduling.registry import make_scheduler
 from prefixshield.simulator import batch as bk
-from prefixshield.simulator.engine import Engine, _Chunks
+from prefixshield.simulator.engine import Engine, _Chunks, bind_capacity
 from prefixshield.simulator.records import build_records
 
 
@@ -140,6 +140,7 @@ class LockstepReplica(Engine):
         self.shared = shared
         self.scheduler = make_scheduler(config.scheduler, self.groups, self.arrival_s,
                                         self.group_id)
+        bind_capacity(self.scheduler, config, cost)
         self._new_run_state(policy)
 
     def records(self) -> pd.DataFrame:

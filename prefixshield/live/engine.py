@@ -567,7 +567,7 @@ class LiveEngine:
                         nxt += 1
                 outs = engine.step()
                 t = time.monotonic() - t0
-                live_sched.step_ended(t)
+                live_sched.step_ended(t, t_ref)
                 stalled = not recorder.close_step(t_ref, t)
                 if not stalled:
                     t_ref = t

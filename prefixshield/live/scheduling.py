@@ -8,22 +8,28 @@ What runs live, per :class:`~prefixshield.scheduling.SchedulerConfig`:
   ``scheduling_policy="priority"`` builds at start-up (vLLM reads ``policy`` only there and in
   the preemption branch of ``schedule``), and each request is submitted with its group's
   priority. This is vLLM's code, not ours: the live run checks the simulator's model of it.
-* per-tenant limits (any scheduler) and ``vtc``: :class:`TenantRequestQueue` replaces the
-  scheduler's waiting queue. It holds the very scheduler class the simulator runs (same
+* per-tenant limits (any scheduler), ``vtc`` and ``kvtc``: :class:`TenantRequestQueue` replaces
+  the scheduler's waiting queue. It holds the very scheduler class the simulator runs (same
   order, same counters, same eligibility test) and answers vLLM's ``peek_request`` /
   ``pop_request`` with its choice among the requests its group's limits let through; when
   none is eligible the queue reads as empty, so vLLM stops admitting for the step -- the
   simulator's "held back" rule. ``max_output_tokens`` is applied where a gateway applies it:
   the request's ``max_tokens``.
-* ``vtc``'s preemption victim (the most recently admitted request of the running group with
-  the largest counter) goes through vLLM's priority preemption branch: before each
+* ``vtc``'s and ``kvtc``'s preemption victim (the most recently admitted request of the running
+  group with the largest counter) goes through vLLM's priority preemption branch: before each
   ``schedule()`` every running request's ``priority`` is set to its rank in that order, so
   vLLM's ``max(running, key=(priority, arrival_time))`` is that victim.
   Output tokens are charged to the counters from ``update_from_output``; a request that
   arrived while a step ran sees the counters before that step's outputs, as in the simulator
   (whose arrival lands mid-step, before the step's tokens are emitted).
+* ``kvtc``'s block-seconds: after each ``schedule()`` that schedules tokens the block-table
+  entries of every group's running requests are read from vLLM's KV manager, and charged with
+  that step's output tokens, times the step's seconds as the replay records them (live, the
+  engine's time is real time; a step-time replay of the simulator charges the same seconds).
+  Its KV weight must be given (``kvtc_kv_weight``): the default, the capacity price, comes from
+  the simulator's cost model, which a live engine does not have.
 
-Nothing of vLLM 0.32's scheduler is out of reach for these three: the queue is an object vLLM
+Nothing of vLLM 0.32's scheduler is out of reach for these four: the queue is an object vLLM
 calls through a small interface, and the victim rule is the one branch that reads a request
 attribute we can set. What the live mode does *not* reproduce is listed in
 :func:`check_supported`'s errors (a scheduler class from another package).
@@ -41,7 +47,7 @@ from prefixshield.scheduling.config import SchedulerConfig
 EXTRA_ROW = "prefixshield_row"
 """``SamplingParams.extra_args`` key of a request's trace row (the queue's request id)."""
 
-LIVE_SCHEDULERS = ("fcfs", "priority", "vtc")
+LIVE_SCHEDULERS = ("fcfs", "priority", "vtc", "kvtc")
 """Schedulers the live mode installs (others registered by plugins are simulator-only)."""
 
 
@@ -51,12 +57,16 @@ def check_supported(config: SchedulerConfig) -> None:
         raise ValueError(f"scheduler {config.name!r} runs in the simulator only; the live mode "
                          f"installs {', '.join(LIVE_SCHEDULERS)} (a scheduler from another "
                          "package has no vLLM counterpart here)")
+    if config.name == "kvtc" and config.kvtc_kv_weight is None:
+        raise ValueError("kvtc live needs its KV weight given (kvtc_kv_weight, --vtc-weights "
+                         "IN,OUT,KV): its default is the simulator's capacity price, from a cost "
+                         "model the live engine does not have")
 
 
 def uses_queue(config: SchedulerConfig) -> bool:
     """Whether ``config`` needs :class:`TenantRequestQueue` (VTC, or admission limits) rather
     than one of vLLM's own queues."""
-    return config.name == "vtc" or any(
+    return config.name in ("vtc", "kvtc") or any(
         lim.max_running is not None or lim.max_blocks is not None for _, lim in config.limits)
 
 
@@ -112,6 +122,8 @@ class TenantRequestQueue(_request_queue_base()):
         # Output tokens of the last step not yet charged to the scheduler (group -> tokens),
         # and when that step ended (replay seconds): see on_arrival_time.
         self.pending: dict[int, int] = {}
+        # kvtc: blocks held per group over each ended step and its seconds, not yet charged
+        self.pending_hold: list[tuple[np.ndarray, float]] = []
         self.pending_end = float("inf")
         self.arrival_clock: dict[int, float] = {}  # row -> when it arrived (replay seconds)
         self.t0 = time.monotonic()
@@ -126,10 +138,23 @@ class TenantRequestQueue(_request_queue_base()):
         return item
 
     def flush(self) -> None:
-        """Charge the pending output tokens to the scheduler's counters."""
+        """Charge the pending output tokens (and block-seconds) to the scheduler's counters."""
         for g, k in self.pending.items():
             self.sched.on_output(g, k)
         self.pending.clear()
+        for held, seconds in self.pending_hold:
+            self.sched.on_hold(held, seconds)
+        self.pending_hold.clear()
+
+    def held_blocks(self) -> np.ndarray:
+        """Block-table entries of each group's running requests, as vLLM's KV manager has
+        them."""
+        held = np.zeros(len(self.limits), dtype=np.int64)
+        kvm = self.vllm.kv_cache_manager
+        for r in self.vllm.running:
+            g = int(self.group_id[int(r.sampling_params.extra_args[EXTRA_ROW])])
+            held[g] += len(kvm.get_block_ids(r.request_id)[0])
+        return held
 
     def _eligible(self):
         """The simulator engine's admission test over vLLM's running requests (None: every
@@ -168,7 +193,8 @@ class TenantRequestQueue(_request_queue_base()):
     def add_request(self, request) -> None:
         """A request arrives (``Scheduler.add_request``)."""
         item = self._item(request)
-        if self.pending and self.arrival_clock.get(item.request_id, np.inf) >= self.pending_end:
+        if (self.pending or self.pending_hold) and \
+                self.arrival_clock.get(item.request_id, np.inf) >= self.pending_end:
             self.flush()  # it arrived after the last step ended: that step's tokens count
         self._items[id(request)] = item
         self.sched.arrive(item)
@@ -258,6 +284,8 @@ class LiveScheduling:
         self.queue = TenantRequestQueue(vllm_scheduler, self.sched, group_id) \
             if uses_queue(config) else None
         self._saved: tuple | None = None
+        # kvtc: the blocks each group holds in the step now running
+        self._step_held: np.ndarray | None = None
 
     def __enter__(self) -> "LiveScheduling":
         from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
@@ -289,7 +317,8 @@ class LiveScheduling:
         v, q = self.vllm, self.queue
         schedule = v.schedule
         update = v.update_from_output
-        vtc = self.config.name == "vtc"
+        vtc = self.config.name in ("vtc", "kvtc")
+        kvtc = self.config.name == "kvtc"
 
         def wrapped_schedule(*args, **kwargs):
             q.flush()
@@ -300,7 +329,12 @@ class LiveScheduling:
                     q.sched.counter(q._item(v.running[i]).group), i))
                 for rank, i in enumerate(order):
                     v.running[i].priority = rank
-            return schedule(*args, **kwargs)
+            out = schedule(*args, **kwargs)
+            if kvtc and out.total_num_scheduled_tokens > 0:
+                # what the step that runs now holds; a step that schedules nothing is folded
+                # into the next one, as the replay's step record folds it
+                self._step_held = q.held_blocks()
+            return out
 
         def wrapped_update(scheduler_output, model_runner_output):
             reqs = [v.requests[rid] for rid in scheduler_output.num_scheduled_tokens]
@@ -323,11 +357,18 @@ class LiveScheduling:
         if self.queue is not None:
             self.queue.arrival_clock[row] = when_s
 
-    def step_ended(self, end_s: float) -> None:
-        """The step that just returned ended at ``end_s`` replay seconds: a request arriving
-        before then arrived while it ran, and sees the counters before its output tokens."""
-        if self.queue is not None and self.queue.pending:
-            self.queue.pending_end = end_s
+    def step_ended(self, end_s: float, start_s: float) -> None:
+        """The step that just returned ended at ``end_s`` replay seconds and is charged from
+        ``start_s`` (the replay's step record: the previous step's end, or the arrival that
+        woke the engine): a request arriving before ``end_s`` arrived while it ran, and sees
+        the counters before its output tokens (and, under kvtc, its block-seconds: the blocks
+        held in it times ``end_s - start_s``, the seconds the step-time replay charges)."""
+        q = self.queue
+        if q is not None and self._step_held is not None:
+            q.pending_hold.append((self._step_held, end_s - start_s))
+            self._step_held = None
+        if q is not None and (q.pending or q.pending_hold):
+            q.pending_end = end_s
 
     def stats(self) -> dict:
         """The scheduler's own counters (JSON-able) and its configuration."""

@@ -1,9 +1,10 @@
 """Scheduling policies of the simulated engine: which waiting request is admitted next, which
 running request is preempted, and per-tenant admission limits.
 
-``fcfs`` (vLLM's default), ``priority`` (vLLM's ``priority`` policy) and ``vtc`` (the Virtual
-Token Counter) are registered in :data:`SCHEDULERS`; :class:`SchedulerConfig` chooses one per
-run, with :class:`TenantLimits` per group.
+``fcfs`` (vLLM's default), ``priority`` (vLLM's ``priority`` policy), ``vtc`` (the Virtual
+Token Counter) and ``kvtc`` (VTC charged also for KV block-seconds held) are registered in
+:data:`SCHEDULERS`; :class:`SchedulerConfig` chooses one per run, with :class:`TenantLimits`
+per group.
 """
 
 from prefixshield.scheduling.config import (ALL_GROUPS, LIMIT_KEYS, SchedulerConfig,

@@ -40,11 +40,15 @@ class Scheduler(ABC):
             waits or ``max_num_seqs`` requests run.
         counts_outputs: whether :meth:`on_output` does anything (the batched path counts
             the emitted tokens per group only for a scheduler that reads them).
+        counts_block_seconds: whether :meth:`on_hold` does anything (the engine passes the
+            blocks each group holds over every step and decode jump only to a scheduler that
+            reads them).
     """
 
     name: ClassVar[str] = ""
     order_fixed: ClassVar[bool] = True
     counts_outputs: ClassVar[bool] = False
+    counts_block_seconds: ClassVar[bool] = False
 
     def __init__(self, config: SchedulerConfig, groups: list[str], arrival_s: np.ndarray,
                  group_id: np.ndarray) -> None:
@@ -92,6 +96,21 @@ class Scheduler(ABC):
 
     def on_output(self, group: int, num_tokens: int) -> None:
         """``num_tokens`` output tokens of a request of ``group`` were emitted."""
+
+    @property
+    def wants_capacity(self) -> bool:
+        """Whether :meth:`bind_capacity` is to be called before the run."""
+        return False
+
+    def bind_capacity(self, usable_blocks: int, prompt_tokens_per_s: float) -> None:
+        """The engine's capacity, told once before the run when :attr:`wants_capacity`: its
+        usable KV blocks and the prompt tokens per second a full-budget prefill step computes
+        (simulated seconds)."""
+
+    def on_hold(self, held: np.ndarray, seconds: float) -> None:
+        """Over the ``seconds`` (simulated) that just passed, group ``g``'s running requests
+        held ``held[g]`` block-table entries (KV blocks) throughout. Called after every step
+        and every decode jump when :attr:`counts_block_seconds`."""
 
     def stats(self) -> dict:
         """The scheduler's own counters at the end (JSON-able)."""

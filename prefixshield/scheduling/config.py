@@ -1,5 +1,5 @@
 """Typed scheduler configuration: which scheduling policy orders the waiting queue, its
-parameters (per-tenant priorities, VTC weights) and per-tenant admission limits.
+parameters (per-tenant priorities, VTC and KVTC weights) and per-tenant admission limits.
 
 Validated at construction (the edge). Group names are checked against a trace's groups by
 :meth:`SchedulerConfig.resolve`, before any simulation.
@@ -70,11 +70,14 @@ class SchedulerConfig:
     Attributes:
         name: a registered scheduler (:data:`prefixshield.scheduling.SCHEDULERS`): ``fcfs``
             (vLLM's default), ``priority`` (vLLM's ``priority`` policy), ``vtc`` (the Virtual
-            Token Counter).
+            Token Counter), ``kvtc`` (the KV memory-time counter).
         priorities: ``(group, priority)`` pairs for ``priority``; lower is served first, as in
             vLLM; a group not named has priority 0.
-        vtc_input_weight, vtc_output_weight: VTC's weights of a prompt token and an output
-            token (the paper's defaults: 1 and 2).
+        vtc_input_weight, vtc_output_weight: VTC's (and KVTC's) weights of a prompt token and
+            an output token (the paper's defaults: 1 and 2).
+        kvtc_kv_weight: KVTC's weight of one KV block-second held (counter units per
+            block-second); None prices it at the engine's capacity (see
+            :mod:`prefixshield.scheduling.kvtc`). Read by ``kvtc`` only.
         limits: ``(group, TenantLimits)`` pairs; group :data:`ALL_GROUPS` applies to every
             group, a named group's own values override it.
     """
@@ -83,6 +86,7 @@ class SchedulerConfig:
     priorities: tuple[tuple[str, int], ...] = ()
     vtc_input_weight: float = 1.0
     vtc_output_weight: float = 2.0
+    kvtc_kv_weight: float | None = None
     limits: tuple[tuple[str, TenantLimits], ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -110,8 +114,20 @@ class SchedulerConfig:
             if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) \
                     or w < 0:
                 raise ValueError(f"{name} must be a finite number >= 0, got {w!r}")
+        w = self.kvtc_kv_weight
+        if w is not None:
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) \
+                    or w < 0:
+                raise ValueError(f"kvtc_kv_weight must be a finite number >= 0, got {w!r}")
+            if self.name != "kvtc":
+                raise ValueError(f"kvtc_kv_weight is read by the kvtc scheduler only, not by "
+                                 f"{self.name!r}")
         if self.vtc_input_weight == 0 and self.vtc_output_weight == 0:
-            raise ValueError("vtc_input_weight and vtc_output_weight cannot both be 0")
+            if self.name != "kvtc":
+                raise ValueError("vtc_input_weight and vtc_output_weight cannot both be 0")
+            if w == 0:
+                raise ValueError("kvtc weights charge nothing: vtc_input_weight, "
+                                 "vtc_output_weight and kvtc_kv_weight are all 0")
         seen = set()
         for item in self.limits:
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
@@ -147,6 +163,8 @@ class SchedulerConfig:
     def to_dict(self) -> dict:
         """Plain dict for writing next to results."""
         d = asdict(self)
+        if d["kvtc_kv_weight"] is None:
+            del d["kvtc_kv_weight"]  # the capacity price: a config written before kvtc reads so
         d["priorities"] = {g: p for g, p in self.priorities}
         d["limits"] = {g: {k: v for k, v in asdict(lim).items() if v is not None}
                        for g, lim in self.limits}
@@ -158,7 +176,7 @@ class SchedulerConfig:
         if not isinstance(d, dict):
             raise ValueError(f"scheduler must be a table, got {d!r}")
         unknown = set(d) - {"name", "priorities", "vtc_input_weight", "vtc_output_weight",
-                            "limits"}
+                            "kvtc_kv_weight", "limits"}
         if unknown:
             raise ValueError(f"unknown scheduler field(s): {', '.join(sorted(unknown))}")
         kw = dict(d)

@@ -8,6 +8,7 @@ SCHEDULER_MODULES: dict[str, str] = {
     "fcfs": "prefixshield.scheduling.fcfs",
     "priority": "prefixshield.scheduling.priority",
     "vtc": "prefixshield.scheduling.vtc",
+    "kvtc": "prefixshield.scheduling.kvtc",
 }
 """Name -> module; a module is imported the first time its scheduler is looked up."""
 

@@ -12,9 +12,9 @@ The scheduler follows vLLM v1's ``Scheduler.schedule``:
    (head-of-line blocking).
 
 That is vLLM's default scheduling (``EngineConfig.scheduler`` = FCFS without limits). Another
-scheduler (:mod:`prefixshield.scheduling`: ``priority``, ``vtc``) chooses the waiting order and
-the preemption victim, and per-tenant limits hold requests back; those runs take the per-step
-batched path (or the step-by-step one), where ``Engine.scheduler`` is called.
+scheduler (:mod:`prefixshield.scheduling`: ``priority``, ``vtc``, ``kvtc``) chooses the waiting
+order and the preemption victim, and per-tenant limits hold requests back; those runs take the
+per-step batched path (or the step-by-step one), where ``Engine.scheduler`` is called.
 
 Every path records, per request, the first admission time, the prefix cached at arrival and
 the KV block-seconds its block table held, and per group the blocks held by running requests
@@ -160,6 +160,16 @@ def check_fits(config: EngineConfig, prompt_tokens: np.ndarray, output_tokens: n
         f"pool holds {usable_tokens} ({config.num_blocks - 1} usable blocks x "
         f"{config.block_size} tokens)")
 
+def bind_capacity(scheduler, config: EngineConfig, cost: CostModel) -> None:
+    """Tell ``scheduler`` the engine's capacity (see ``Scheduler.bind_capacity``) if it wants
+    it: the usable blocks and the prompt tokens per simulated second of a full-budget prefill
+    step. Only then is ``cost`` asked (a recorded cost model prices its calls in order)."""
+    if not scheduler.wants_capacity:
+        return
+    m = config.max_num_batched_tokens
+    scheduler.bind_capacity(config.num_blocks - 1, m / cost.step_time(m, 0, m, 0))
+
+
 def init_request_arrays(target, n: int) -> None:
     """Set ``target``'s per-request result arrays for ``n`` requests, before any runs:
     ``first_token_s``, ``finish_s`` (NaN), ``cached_tokens`` (-1: not admitted),
@@ -272,6 +282,7 @@ class Engine:
                                             self.group_id)
         except ValueError as e:
             raise EngineError(f"scheduler {config.scheduler.name}: {e}") from None
+        bind_capacity(self.scheduler, config, cost)
         # a gateway's max_tokens: a request decodes at most its group's cap
         self.output_tokens = capped_outputs(self.scheduler.limits, self.group_id,
                                             self.output_tokens)
@@ -624,6 +635,8 @@ class Engine:
         yield env.timeout(dt)
         self.num_steps += 1
         now = env.now
+        if sched.counts_block_seconds:  # the blocks held through the step, before it frees
+            sched.on_hold(kv.held, dt)
         finished = []
         for seq, k in scheduled:
             seq.num_computed_tokens += k
@@ -717,10 +730,13 @@ class Engine:
             j = min(k, end + 1 if order_fixed else end)
             return j, (float(cum[j - 1]) if j > 0 else 0.0)
 
+        t0 = self.env.now
         k = yield from self._jump(plan)
         if k <= 0:
             return
         self.num_steps += k
+        if self.scheduler.counts_block_seconds:  # no block opens or fills in a jump
+            self.scheduler.on_hold(self.kv.held, self.env.now - t0)
         for s in running:
             s.num_computed_tokens += k
             s.num_output_done += k
@@ -853,6 +869,8 @@ class Engine:
         yield env.timeout(dt)
         self.num_steps += 1
         now = env.now
+        if by_policy and sched.counts_block_seconds:  # as in _step
+            sched.on_hold(kv.held, dt)
         counts_outputs = by_policy and sched.counts_outputs
         if counts_outputs:
             rows = run_ids[:num_scheduled].copy()
@@ -1027,8 +1045,11 @@ class Engine:
                 return 0, 0.0
             return bk.coalesced_time(per_step, slope, j, 0.0, False)
 
+        t0 = self.env.now
         k = yield from self._jump(plan)
         self.num_steps += k
+        if k > 0 and self.scheduled_by_policy and sched.counts_block_seconds:  # as in
+            sched.on_hold(self.kv.held, self.env.now - t0)  # _coalesced_decode
         bk.advance_decode(self._state, self._run_ids, nseq, k)
         if self.scheduled_by_policy and sched.counts_outputs:
             rows = self._run_ids[:nseq]

@@ -1,5 +1,5 @@
 """Scheduling policies of the engine: FCFS through the scheduler equals the engine's own paths,
-priority and VTC order and preempt as documented, per-tenant limits hold, and the queueing and
+priority, VTC and KVTC order and preempt as documented, per-tenant limits hold, and the queueing and
 block-seconds records mean what they say."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import pytest
 from prefixshield.experiments.single import RunSpec, build_trace
 from prefixshield.policies import make_policy
 from prefixshield.scheduling import SchedulerConfig, TenantLimits
+from prefixshield.scheduling.kvtc import KVTCScheduler, capacity_price
 from prefixshield.scheduling.priority import PriorityScheduler
 from prefixshield.scheduling.vtc import VTCScheduler
 from prefixshield.simulator.config import EngineConfig
@@ -58,9 +59,10 @@ def test_priority_with_equal_priorities_and_no_preemption_is_fcfs():
 
 @pytest.mark.parametrize("scheduler", [
     SchedulerConfig("vtc"),
+    SchedulerConfig("kvtc"),
     SchedulerConfig("priority", priorities=(("attacker", 1),)),
     SchedulerConfig("fcfs", limits=(("attacker", TenantLimits(max_running=4, max_blocks=200)),)),
-], ids=["vtc", "priority", "limits"])
+], ids=["vtc", "kvtc", "priority", "limits"])
 def test_decode_jumps_change_nothing_under_every_scheduler(scheduler):
     """Quiet decode steps taken in one jump or one by one: the same decisions (exact counts) and
     the same times up to the rounding of a summed series."""
@@ -179,6 +181,13 @@ def test_vtc_lifts_a_newly_backlogged_group_and_serves_the_least_counter():
     (dict(name="nope"), "unknown scheduler"),
     (dict(name="vtc", vtc_output_weight=float("nan")), "finite"),
     (dict(name="vtc", vtc_input_weight=-1.0), ">= 0"),
+    (dict(name="kvtc", kvtc_kv_weight=float("inf")), "kvtc_kv_weight must be a finite"),
+    (dict(name="kvtc", kvtc_kv_weight=-2.0), "kvtc_kv_weight must be a finite number >= 0"),
+    (dict(name="kvtc", kvtc_kv_weight=True), "kvtc_kv_weight must be a finite"),
+    (dict(name="kvtc", vtc_input_weight=0.0, vtc_output_weight=0.0, kvtc_kv_weight=0.0),
+     "charge nothing"),
+    (dict(name="vtc", kvtc_kv_weight=1.0), "kvtc scheduler only"),
+    (dict(name="vtc", vtc_input_weight=0.0, vtc_output_weight=0.0), "both be 0"),
     (dict(name="fcfs", priorities=(("a", 1),)), "priority scheduler only"),
     (dict(name="priority", priorities=(("a", 1), ("a", 2))), "twice"),
 ])
@@ -249,10 +258,14 @@ def schedulers(groups: list[str]) -> dict[str, SchedulerConfig]:
         "limits": SchedulerConfig("fcfs", limits=((a, TenantLimits(max_running=2)),
                                                  ("*", TenantLimits(max_blocks=400)))),
         "vtc-limits": SchedulerConfig("vtc", limits=(("*", TenantLimits(max_running=3)),)),
+        "kvtc": SchedulerConfig("kvtc"),
+        "kvtc-kv-only": SchedulerConfig("kvtc", vtc_input_weight=0.0, vtc_output_weight=0.0,
+                                        kvtc_kv_weight=1.0),
     }
 
 
-SCHEDULER_NAMES = ["vtc", "priority", "priority-rev", "limits", "vtc-limits"]
+SCHEDULER_NAMES = ["vtc", "priority", "priority-rev", "limits", "vtc-limits", "kvtc",
+                   "kvtc-kv-only"]
 
 
 def same_runs(a, b) -> None:
@@ -290,3 +303,84 @@ def test_the_preemption_case_preempts():
     for sched in schedulers(trace.group_names()).values():
         rec = run(trace, sched, blocks=128).records
         assert rec["preemptions"].sum() > 0
+
+
+def test_kvtc_charges_block_seconds_lifts_and_preempts_the_most_charged_group():
+    arrival = np.zeros(4)
+    cfg = SchedulerConfig("kvtc", kvtc_kv_weight=0.5)
+    sched = KVTCScheduler(cfg, ["a", "b"], arrival, np.array([0, 0, 1, 1]))
+    sched.bind_capacity(511, 1e4)  # an explicit weight is kept
+    assert sched.kv_weight == 0.5
+    a0, a1, b0 = _seq(0, 0, 100), _seq(1, 0, 100), _seq(3, 1, 10)
+    sched.arrive(a0)
+    sched.arrive(a1)
+    sched.pop(sched.peek())
+    sched.on_admit(a0, True, 0.0)
+    # a's running request holds 40 blocks for 2 s and emits 3 tokens
+    sched.on_hold(np.array([40, 0]), 2.0)
+    sched.on_output(0, 3)
+    assert sched.counter(0) == 100 + 2 * 3 + 0.5 * 80
+    assert sched.stats()["kvtc_block_s"] == {"a": 80.0, "b": 0.0}
+    # b arrives while a waits: lifted to a's counter, the memory-time included
+    sched.arrive(b0)
+    assert sched.counter(1) == sched.counter(0)
+    sched.on_hold(np.array([40, 0]), 1.0)
+    assert sched.peek() is b0  # a held more since: b first
+    sched.pop(b0)
+    sched.on_admit(b0, True, 3.0)
+    # victim: the newest running request of the group with the largest counter
+    assert sched.victim([a0, b0]) == 0
+    sched.on_hold(np.array([0, 400]), 1.0)
+    assert sched.victim([a0, b0]) == 1
+
+
+def test_kvtc_default_weight_is_the_capacity_price():
+    """Unset, w_kv is the engine's: the prompt tokens per second of a full-budget prefill step
+    over the usable blocks -- the whole pool held for a second costs a second of prefill."""
+    trace = trace_of("one_touch")
+    config = EngineConfig(num_blocks=512, scheduler=SchedulerConfig("kvtc"))
+    eng = Engine(trace, make_policy("lru", 512), PROFILE.cost, config)
+    m = config.max_num_batched_tokens
+    want = m / PROFILE.cost.step_time(m, 0, m, 0) / 511
+    assert eng.scheduler.kv_weight == pytest.approx(want, rel=1e-12)
+    assert 30 < want < 45  # l4-qwen2.5-1.5b, 512 blocks: ~38 per block-second
+    assert capacity_price(511, 1.0e4) == pytest.approx(1.0e4 / 511)
+    with pytest.raises(ValueError, match="positive prompt token rate"):
+        capacity_price(511, float("nan"))
+    unbound = KVTCScheduler(SchedulerConfig("kvtc"), ["a"], np.zeros(1), np.zeros(1, dtype=int))
+    with pytest.raises(RuntimeError, match="bind_capacity"):
+        unbound.counter(0)
+
+
+@pytest.mark.parametrize("workload, blocks", [("one_touch", 512), ("sharegpt", 128)])
+def test_kvtc_block_seconds_are_the_groups_block_seconds(workload, blocks):
+    """What KVTC charged each group is the block-seconds its requests' tables held (the
+    records' ``block_s`` summed per group), on every path, with and without decode jumps."""
+    trace = trace_of(workload, duration_s=30.0) if workload == "sharegpt" else \
+        trace_of(workload)
+    config = EngineConfig(num_blocks=blocks, scheduler=SchedulerConfig("kvtc"))
+    charged = []
+    for kw in (dict(), dict(batched=False), dict(coalesce_decode=False)):
+        eng = Engine(trace, make_policy("lru", blocks), PROFILE.cost, config, **kw)
+        rec = eng.run().records
+        per_group = rec.groupby("group")["block_s"].sum().reindex(eng.groups).fillna(0.0)
+        np.testing.assert_allclose(eng.scheduler.block_s, per_group.to_numpy(), rtol=1e-9)
+        charged.append(eng.scheduler.block_s)
+    assert np.array_equal(charged[0], charged[1])  # batched = step by step, bit for bit
+    np.testing.assert_allclose(charged[0], charged[2], rtol=1e-9)
+    assert (charged[0] > 0).all()
+
+
+def test_kvtc_is_deterministic_and_differs_from_vtc():
+    trace = trace_of("sharegpt", duration_s=30.0)
+    a, b = (run(trace, SchedulerConfig("kvtc"), blocks=128) for _ in range(2))
+    same_runs(a, b)
+    assert not run(trace, SchedulerConfig("vtc"), blocks=128).records.equals(a.records)
+
+
+def test_kvtc_config_round_trips_and_a_default_config_reads_as_before():
+    for cfg in (SchedulerConfig("kvtc"), SchedulerConfig("kvtc", vtc_input_weight=0.0,
+                                                         kvtc_kv_weight=2.5)):
+        assert SchedulerConfig.from_dict(cfg.to_dict()) == cfg
+    assert "kvtc_kv_weight" not in SchedulerConfig("vtc").to_dict()
+    assert SchedulerConfig.from_dict({"name": "kvtc", "kvtc_kv_weight": 1.0}).kvtc_kv_weight == 1.0
