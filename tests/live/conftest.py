@@ -51,9 +51,11 @@ def live_engine(tiny_model_dir):
 
 @pytest.fixture(scope="session")
 def one_touch_trace():
-    """``one_touch`` scaled to the CPU: 40 blocks, 4-block prefixes, 37 requests over ~7 s."""
+    """``one_touch`` scaled to the CPU: 40 blocks, 4-block prefixes, 37 requests over ~7 s; the
+    ``two_group`` population (victim and attacker), as the engine-equivalence traces draw it
+    (``tests.helpers.small_trace``): every policy, a static quota included, serves it."""
     from prefixshield.workloads import generate
 
     return generate("one_touch", num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, prefix_tokens=128,
                     suffix_tokens=(8, 40), duration_s=6.0, base_rate=2.0, alpha=0.6,
-                    output_tokens=(2, 6), hot_fraction=0.5, seed=1)
+                    output_tokens=(2, 6), hot_fraction=0.5, seed=1, population="two_group")
