@@ -63,9 +63,10 @@ def test_compare_prints_and_writes_every_tenant_of_every_policy(tmp_path):
     assert r.exit_code == 0, r.output
     assert "per tenant: mean over 2 seeds, every policy" in r.output
     rows = pd.read_csv(f"{out}.tenants.csv")
+    # the default population: the victim, the attacker and six background tenants
+    groups = ("victim", "attacker", *(f"tenant{i}" for i in range(1, 7)))
     assert set(zip(rows["seed"], rows["policy"], rows["group"])) == {
-        (s, p, g) for s in (0, 1) for p in ("lru", "prefixshield") for g in ("victim",
-                                                                            "attacker")}
+        (s, p, g) for s in (0, 1) for p in ("lru", "prefixshield") for g in groups}
     # the victim's row equals the run's aggregate (the judged population is the victim)
     runs = pd.read_csv(out)
     v = rows[rows["group"] == "victim"].set_index(["seed", "policy"])["hit_ratio"]
