@@ -316,34 +316,31 @@ def replay_eligible(rows: list[dict], block_size: int = 16) -> float:
     return float(np.mean(vals))
 
 
+def _fit_neutral_field(ctx: Ctx, field: str, grid, cast) -> None:
+    """delayed_replay's neutral phase: the ``field`` value of ``grid`` whose neutral-phase
+    evictions (LRU) come closest to the ~74 observed."""
+    def score(value):
+        n = neutral_evictions(runs(ctx, "delayed_replay", ctx.search_seeds,
+                                   **{**ctx.attack("delayed_replay"), field: value}))
+        say(f"  {field}={value}: neutral-phase evictions {n:.1f}")
+        return abs(n - OBS_DR_NEUTRAL_EVICT)
+    best, _ = pick(grid, score)
+    ctx.fit["delayed_replay"] = {field: cast(best)}
+    say(f"=> delayed_replay {field} = {best}")
+
+
 def fit_neutral_prompt(ctx: Ctx) -> None:
     """The phased delayed replay's neutral request (one, in the 0.1 s phase): its prompt,
     fitted to the ~74 evictions the neutral phase causes (LRU)."""
-    grid = range(800, 1537, 16) if not ctx.quick else (1024, 1200, 1536)
-
-    def score(npt):
-        n = neutral_evictions(runs(ctx, "delayed_replay", ctx.search_seeds,
-                                   **{**ctx.attack("delayed_replay"),
-                                      "neutral_prefix_tokens": npt}))
-        say(f"  neutral_prefix_tokens={npt}: neutral-phase evictions {n:.1f}")
-        return abs(n - OBS_DR_NEUTRAL_EVICT)
-    best, _ = pick(grid, score)
-    ctx.fit["delayed_replay"] = {"neutral_prefix_tokens": int(best)}
-    say(f"=> delayed_replay neutral_prefix_tokens = {best}")
+    _fit_neutral_field(ctx, "neutral_prefix_tokens",
+                       range(800, 1537, 16) if not ctx.quick else (1024, 1200, 1536), int)
 
 
 def fit_neutral(ctx: Ctx) -> None:
-    grid = (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0) if not ctx.quick else (0.1, 0.5, 1.0, 2.0)
-
-    def score(nd):
-        n = neutral_evictions(runs(ctx, "delayed_replay", ctx.search_seeds,
-                                   **{**ctx.attack("delayed_replay"),
-                                      "neutral_duration_s": nd}))
-        say(f"  neutral_duration_s={nd}: neutral-phase evictions {n:.1f}")
-        return abs(n - OBS_DR_NEUTRAL_EVICT)
-    best, _ = pick(grid, score)
-    ctx.fit["delayed_replay"] = {"neutral_duration_s": float(best)}
-    say(f"=> delayed_replay neutral_duration_s = {best}")
+    """The two-group reading's neutral phase: its duration, fitted to the same evictions."""
+    _fit_neutral_field(ctx, "neutral_duration_s",
+                       (0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0) if not ctx.quick
+                       else (0.1, 0.5, 1.0, 2.0), float)
 
 
 def fit_sharegpt(ctx: Ctx) -> None:
