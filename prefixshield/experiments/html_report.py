@@ -112,11 +112,7 @@ def is_run_dir(folder: Path) -> bool:
 
 
 def _summary_display(summary: pd.DataFrame) -> pd.DataFrame:
-    def pct(x):
-        return "-" if x != x else f"{100 * x:.2f}%"
-
-    def num(x, spec=".3f"):
-        return "-" if x != x else format(x, spec)
+    from prefixshield.experiments.analysis import fmt_num as num, fmt_pct as pct
 
     rows = []
     for _, r in summary.iterrows():

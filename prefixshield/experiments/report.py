@@ -501,37 +501,50 @@ def delayed_replay_section(root: Path, cells: pd.DataFrame, exps: list[Experimen
     return sec
 
 
+def _reading_cases(cells: pd.DataFrame, exp: Experiment) -> list[tuple[str, pd.DataFrame, str]]:
+    """``(case label, hit-ratio pivot (seed x policy), baseline policy)`` per point of ``exp``."""
+    out = []
+    for pt in exp.points():
+        at = _cells_at(cells, exp, pt.id)
+        blocks = pt.settings.get("blocks", exp.base.get("blocks", 512))
+        out.append((f"{exp.workload} {blocks:,} blocks",
+                    at.pivot(index="seed", columns="policy", values="hit_ratio"),
+                    exp.policies[0]))
+    return out
+
+
+def _reading_gap(piv: pd.DataFrame, spec: str, other: str, data: list, reading: str,
+                 case: str) -> str:
+    """``spec - other`` on the seeds of ``piv`` both served (paired, 95% CI), its row appended
+    to ``data`` as ``reading``/``case``; the CI as the table shows it."""
+    from prefixshield.simulator.metrics import paired_difference
+
+    both = piv[[spec, other]].dropna()
+    d = paired_difference(both[spec].to_numpy(), both[other].to_numpy(),
+                          n_resamples=A.N_RESAMPLES)
+    data.append({"reading": reading, "case": case, "against": other,
+                 "mean_diff": d["mean_diff"], "ci_low": d["ci_low"], "ci_high": d["ci_high"],
+                 "seeds": len(both)})
+    return A.fmt_ci(d["mean_diff"], d["ci_low"], d["ci_high"])
+
+
 def readings_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) -> Section:
     """How much each reading of PrefixShield's open choices moves the results: per case (a
     workload at a pool size), every reading's hit-ratio difference to the case's baseline, and
     to the default reading, paired over seeds (95% CI)."""
-    from prefixshield.experiments.reproduce import READINGS
-    from prefixshield.simulator.metrics import paired_difference
-
-    from prefixshield.experiments.reproduce import WORKLOAD_READINGS
+    from prefixshield.experiments.reproduce import READINGS, WORKLOAD_READINGS
 
     sec = Section("readings", "PrefixShield's readings: which open choices move the results")
     default = READINGS[0][0]
     columns: list[tuple[str, pd.DataFrame, str]] = []   # (case label, hit pivot, baseline)
     workload_cols: dict[str, list] = {}                 # reading key -> its columns
     for exp in exps:
-        baseline = exp.policies[0]
         if exp.name.startswith("readings-workload-"):
             key = next(k for k, _, _ in WORKLOAD_READINGS
                        if exp.name.startswith(f"readings-workload-{k}-"))
-            for pt in exp.points():
-                at = _cells_at(cells, exp, pt.id)
-                blocks = pt.settings.get("blocks", exp.base.get("blocks", 512))
-                workload_cols.setdefault(key, []).append((
-                    f"{exp.workload} {blocks:,} blocks",
-                    at.pivot(index="seed", columns="policy", values="hit_ratio"), baseline))
-            continue
-        for pt in exp.points():
-            at = _cells_at(cells, exp, pt.id)
-            blocks = pt.settings.get("blocks", exp.base.get("blocks", 512))
-            columns.append((f"{exp.workload} {blocks:,} blocks",
-                            at.pivot(index="seed", columns="policy", values="hit_ratio"),
-                            baseline))
+            workload_cols.setdefault(key, []).extend(_reading_cases(cells, exp))
+        else:
+            columns.extend(_reading_cases(cells, exp))
     rows, data = [], []
     for spec, what in READINGS:
         disp = {"reading": what, "policy spec": spec}
@@ -540,30 +553,15 @@ def readings_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) ->
                                (default, f"{label}: - default")):
                 if spec == other:
                     continue
-                if spec in piv and other in piv:
-                    both = piv[[spec, other]].dropna()
-                    d = paired_difference(both[spec].to_numpy(), both[other].to_numpy(),
-                                          n_resamples=A.N_RESAMPLES)
-                    data.append({"reading": spec, "case": label, "against": other,
-                                 "mean_diff": d["mean_diff"], "ci_low": d["ci_low"],
-                                 "ci_high": d["ci_high"], "seeds": len(both)})
-                    disp[f"{key} (pp)"] = A.fmt_ci(d["mean_diff"], d["ci_low"], d["ci_high"])
-                else:
-                    disp[f"{key} (pp)"] = "-"
+                disp[f"{key} (pp)"] = (_reading_gap(piv, spec, other, data, spec, label)
+                                       if spec in piv and other in piv else "-")
         rows.append(disp)
-    spec = READINGS[0][0]
     for key, _, what in WORKLOAD_READINGS:
-        disp = {"reading": what, "policy spec": spec}
+        disp = {"reading": what, "policy spec": default}
         for label, piv, baseline in workload_cols.get(key, []):
-            col = f"{label}: - {baseline} (pp)"
-            if spec in piv and baseline in piv:
-                both = piv[[spec, baseline]].dropna()
-                d = paired_difference(both[spec].to_numpy(), both[baseline].to_numpy(),
-                                      n_resamples=A.N_RESAMPLES)
-                data.append({"reading": f"workload:{key}", "case": label, "against": baseline,
-                             "mean_diff": d["mean_diff"], "ci_low": d["ci_low"],
-                             "ci_high": d["ci_high"], "seeds": len(both)})
-                disp[col] = A.fmt_ci(d["mean_diff"], d["ci_low"], d["ci_high"])
+            if default in piv and baseline in piv:
+                disp[f"{label}: - {baseline} (pp)"] = _reading_gap(
+                    piv, default, baseline, data, f"workload:{key}", label)
         if workload_cols.get(key):
             rows.append(disp)
     sec.tables.append(Table("readings", sec.title, pd.DataFrame(rows).fillna("-"),
@@ -655,8 +653,8 @@ def overhead_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) ->
 def schedulers_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) -> Section:
     """What each scheduler costs benign traffic: ShareGPT and borrowing under fcfs (the benign
     and borrowing tables' runs), vtc, the per-tenant cap and kvtc, per policy: hit ratio, P95
-    TTFT and P95 queueing delay (all measured requests), and the change from fcfs with the same policy
-    (mean over seeds; the traces are identical per seed)."""
+    TTFT and P95 queueing delay (all measured requests), and the change from fcfs with the
+    same policy (mean over seeds; the traces are identical per seed)."""
     from prefixshield.experiments.reproduce import SCHEDULER_SETTINGS
 
     sec = Section("schedulers", "Schedulers on benign traffic (all measured requests)")
