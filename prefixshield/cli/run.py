@@ -550,18 +550,26 @@ def _on_done(stages, timings: dict[str, float], describe):
 
 
 def _checked_trace(spec, policies: tuple[str, ...], stage: str):
-    """``(spec, trace, info)``: ``spec``'s trace built behind the stage line ``stage``, its pool
-    checked before (a trace file's requests, :func:`_check_pool`) and after (every request
-    admissible under each policy, :func:`_admissible`; ``policies`` as ``--policy`` gave
-    them)."""
-    from prefixshield.experiments.single import build_trace
+    """``(spec, trace, info)``: ``spec``'s trace built behind the stage line ``stage``, with
+    only the policies under which its every request can be admitted (:func:`_admissible`;
+    ``policies`` as ``--policy`` gave them). A trace file is checked as read, before the
+    build's C_prefill probe simulates anything (its replicates and rescaling keep its requests'
+    shapes); a generated workload once its trace is built for the pool."""
+    from prefixshield.experiments.single import build_trace, is_trace_file
 
     every = _selects_all(policies)
     with Stages() as stages:
         stages.stage(stage)
-        spec = _check_pool(spec, every)
-        trace, info = build_trace(spec)
-        return _admissible(trace, spec, spec.workload, every), trace, info
+        if is_trace_file(spec.workload):
+            # Parquet I/O only when a file is read (as build_trace does)
+            from prefixshield.traces.io import read_trace
+
+            spec = _admissible(read_trace(spec.workload), spec, spec.workload, every)
+            trace, info = build_trace(spec)
+        else:
+            trace, info = build_trace(spec)
+            spec = _admissible(trace, spec, spec.workload, every)
+    return spec, trace, info
 
 
 def _selects_all(policies: tuple[str, ...]) -> bool:
@@ -585,20 +593,6 @@ def _admissible(trace, spec, source: str, every: bool):
     for label, why in bad.items():
         console.print(f"[yellow]--policy all: {label} left out[/]: {why}")
     return replace(spec, policies=tuple(p for p in spec.policies if p not in bad))
-
-
-def _check_pool(spec, every: bool = False):
-    """A trace file's pool checked against its requests before anything is simulated (the
-    C_prefill probe of --scale-to-engine included): ``spec`` as :func:`_admissible` leaves it
-    (a generated workload's is checked once its trace is built)."""
-    from prefixshield.experiments.single import is_trace_file
-
-    if not is_trace_file(spec.workload):
-        return spec
-    # Parquet I/O only when a file is read (as build_trace does)
-    from prefixshield.traces.io import read_trace
-
-    return _admissible(read_trace(spec.workload), spec, spec.workload, every)
 
 
 def _engine(workload, policies, num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
