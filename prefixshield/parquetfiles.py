@@ -4,9 +4,9 @@ Given a local path, ``pandas.read_parquet`` opens the file with Python's ``open(
 file object to pyarrow (``pandas.io.parquet._get_path_or_handle``), which wraps it in an
 ``arrow::py::PyReadableFile``. A dataset read finishes on arrow's worker threads, and the last
 reference to that wrapper (or to a ``PyBuffer`` of bytes read through it) can be dropped by a
-worker after ``read_table`` has returned; its destructor takes the GIL. Late enough -- the machine loaded, the command done, the interpreter
-finalizing -- the worker is ended by ``pthread_exit`` inside that ``noexcept`` destructor and the
-process aborts (SIGABRT, "terminate called without an active exception"; see
+worker after ``read_table`` has returned; its destructor takes the GIL. Late enough -- the
+machine loaded, the command done, the interpreter finalizing -- the worker is ended by
+``pthread_exit`` inside that ``noexcept`` destructor and the process aborts (SIGABRT, "terminate called without an active exception"; see
 :mod:`prefixshield.exitcode`). Given arrow's ``LocalFileSystem``, pandas passes the path on and
 arrow opens the file natively: nothing a worker holds then needs the interpreter.
 """

@@ -526,8 +526,8 @@ class Stages:
     stage, a bar over the steps and the elapsed time); otherwise (a log, a pipe, a test) one
     line per stage as it starts, and one when a step ends.
 
-    Use as a context manager; :meth:`stage` starts a stage (``step=True``: one of the ``total``
-    steps the bar counts), :meth:`done` ends a step with a line saying what it did."""
+    Use as a context manager; :meth:`stage` starts a stage, :meth:`done` ends one of the
+    ``total`` steps the bar counts, with a line saying what it did."""
 
     def __init__(self, total: int = 0, out: Console | None = None) -> None:
         self.out = out or console
@@ -577,8 +577,8 @@ class Stages:
 
 
 def compile_note() -> str:
-    """`` (first run of these kernel sources: numba compiles them, about a minute; later runs
-    load them)`` when the kernel cache is cold, else ``""``."""
+    """A stage line's note that numba is compiling the kernels (about a minute; later runs load
+    them from the cache) when the kernel cache is cold, else ``""``."""
     from prefixshield.kernelcache import is_warm
 
     return ("" if is_warm() else " (first run of these kernels: numba compiles them, about a "

@@ -84,12 +84,14 @@ def unadmittable(trace: Trace, engine: EngineConfig, policies, source: str) -> d
     row = int(np.argmax(need))
     groups = trace.group_names()
     bad: dict[str, str] = {}
+    pool = None
     for spec in policies:
         name, _kw = parse_policy_spec(spec)
         cap = POLICIES[name].group_capacity(engine.num_blocks, len(groups))
         if need[row] <= cap:
             continue
-        pool = smallest_pool(trace, engine, policies)[0]
+        if pool is None:  # the same for every policy refused
+            pool = smallest_pool(trace, engine, policies)[0]
         df = trace.requests
         share = ("" if cap == engine.num_blocks - 1 else
                  f" (its share: {engine.num_blocks - 1:,} usable blocks over {len(groups)} "

@@ -54,16 +54,20 @@ def headless(exe: str, *args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """All four policies on 60 Mooncake records in 4 session tenants, with --out."""
-    tmp = tmp_path_factory.mktemp("html")
-    trace = tmp / "mc.parquet"
+    out = tmp_path_factory.mktemp("html") / "run"
+    return out, _imported_run(4, out, "--policy", "all")
+
+
+def _imported_run(groups: int, out, *run_args) -> str:
+    """``run``'s output on the 60 Mooncake records imported as ``groups`` session tenants (1,024
+    blocks of 512 tokens, ``--out out``)."""
+    trace = out.parent / "mc.parquet"
     r = invoke("trace", "import", "mooncake", FIXTURES / "mooncake_synthetic_head60.jsonl",
-               trace, "--groups", "4", "--assign", "session")
+               trace, "--groups", str(groups), "--assign", "session")
     assert r.exit_code == 0, r.output
-    out = tmp / "run"
-    r = invoke("run", trace, "--policy", "all", "--blocks", "1024", "--block-size", "512",
-               "--out", out)
+    r = invoke("run", trace, *run_args, "--blocks", "1024", "--block-size", "512", "--out", out)
     assert r.exit_code == 0, r.output
-    return out, r.output
+    return r.output
 
 
 def test_run_prints_a_row_per_tenant_and_policy(run_dir):
@@ -139,14 +143,8 @@ def test_a_store_gets_a_page_with_its_tables_figures_and_tenants(tmp_path):
 
 
 def test_a_fleet_run_page_has_its_replicas_and_tenants(tmp_path):
-    trace = tmp_path / "mc.parquet"
-    r = invoke("trace", "import", "mooncake", FIXTURES / "mooncake_synthetic_head60.jsonl",
-               trace, "--groups", "2", "--assign", "session")
-    assert r.exit_code == 0, r.output
     out = tmp_path / "fleet"
-    r = invoke("run", trace, "-p", "lru", "--blocks", "1024", "--block-size", "512",
-               "--replicas", "2", "--router", "least_loaded", "--out", out)
-    assert r.exit_code == 0, r.output
+    _imported_run(2, out, "-p", "lru", "--replicas", "2", "--router", "least_loaded")
     page = (out / "report.html").read_text()
     assert "<h3>lru: replicas</h3>" in page and "<h3>lru: tenants</h3>" in page
     tenants = page.split("<h3>lru: tenants</h3>")[1]

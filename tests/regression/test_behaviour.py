@@ -259,8 +259,8 @@ GATE_REASON = (
     "the victim's pass after the neutral phase hits as much without the gate as with it: "
     "+0.00 pp on every seed at wait 0 (98.58% both) and at 0.5 (99.28% both; LRU 61.5% and "
     "83.2% in reproduce's table). The gate refuses every replay promotion (192 and 91.4 "
-    "blocks), but the attacker is in debt and responsibility reclaims the indebted group's blocks first whatever their "
-    "class: at wait 0 the neutral phase evicts the same blocks either way (55.2 attacker- and "
+    "blocks), but the attacker is in debt and responsibility reclaims the indebted group's "
+    "blocks first whatever their class: at wait 0 the neutral phase evicts the same blocks either way (55.2 attacker- and "
     "9.3 victim-owned), at 0.5 0.3 victim-owned blocks with the gate, 1.6 without, none of "
     "which the pass hits. With responsibility off the gate does show: 77.27% against 73.16% "
     "at wait 0 (compat 0.10, as reproduce runs it; the next test pins it)")
