@@ -1351,16 +1351,19 @@ class Engine:
         else:
             log_cols = (log.t, log.group, log.debt, log.classes)
             log_meta = np.array([log.size, log.stride, log.num_charges], dtype=np.int64)
-        code = fz.run_loop(
-            ctl, fctl, rows.arrival_s, rows.group_id, rows.contract_id, rows.prefix_id,
-            rows._state, materialized, table, table_off, hashes, hash_off,
-            rows.first_token_s, rows.finish_s, rows.cached_tokens, rows.num_preemptions,
-            rows.num_new_blocks, self._run_ids, self._num_new, self._finished, waiting,
-            *scratch, pool.ref_cnt, pool.block_hash, pool.hash_next, pool.owner_group,
-            pool.occupancy, pool.evictions, pool._map_keys, pool._map_vals, pool._map_size,
-            *lists, ps, *log_cols, log_meta, *quota_state, *s3_state, occ_t, occ, cre_t, *cre,
-            rows.admitted_s, rows.arrival_cached_tokens, rows.block_s, held_since, self.kv.held,
-            held_t, held_rows)
+        req = (rows.arrival_s, rows.group_id, rows.contract_id, rows.prefix_id, rows._state,
+               materialized, table_off, hash_off)
+        rec = (rows.first_token_s, rows.finish_s, rows.cached_tokens, rows.num_preemptions,
+               rows.num_new_blocks, rows.admitted_s, rows.arrival_cached_tokens, rows.block_s,
+               held_since)
+        batch = (self._run_ids, self._num_new, self._finished, waiting)
+        pool_arrays = (pool.ref_cnt, pool.block_hash, pool.hash_next, pool.owner_group,
+                       pool.occupancy, pool.evictions, pool._map_keys, pool._map_vals,
+                       pool._map_size)
+        pol_arrays = (*lists, ps, *log_cols, log_meta, *quota_state, *s3_state)
+        code = fz.run_loop(ctl, fctl, req, (table, hashes), rec, batch, tuple(scratch),
+                           pool_arrays, pol_arrays,
+                           (occ_t, occ, cre_t, *cre, self.kv.held, held_t, held_rows))
         if log is not None:
             log.size, log.stride, log.num_charges = (int(x) for x in log_meta)
         if ctl[fz.POLICY] == fz.POLICY_S3FIFO:

@@ -295,12 +295,18 @@ def _ps_num_free(ps):
 
 
 @njit(cache=True, _nrt=False)
-def _free_request(r, ctl, now, state, table, table_off, ref_cnt, block_hash, owner, occupancy,
-                  freed, cached, order, prev, nxt, member, length, ps, q_owner, q_occupancy,
-                  s3_in_use, s3_key, s3_cnt, block_s, held_since, held, group_id):
+def _free_request(r, ctl, now, req, win, rec, scr, pool, pol, held):
     """``KVCacheManager.free``: release request ``r``'s blocks tail first, hand the ones
     reaching ref_cnt 0 to the policy (``on_release``); the row's blocks and computed tokens
-    drop to 0."""
+    drop to 0. (The tuples are :func:`run_loop`'s.)"""
+    state, group_id = req[4], req[1]
+    table, table_off = win[0], req[6]
+    block_s, held_since = rec[7], rec[8]
+    freed, cached, order = scr[4], scr[5], scr[6]
+    ref_cnt, block_hash, owner, occupancy = pool[0], pool[1], pool[3], pool[4]
+    prev, nxt, member, length, ps = pol[0], pol[1], pol[2], pol[3], pol[4]
+    q_owner, q_occupancy = pol[10], pol[11]
+    s3_in_use, s3_key, s3_cnt = pol[13], pol[14], pol[15]
     nb = state[r, bk.NUM_BLOCKS]
     if nb:
         block_s[r] += nb * (now - held_since[r])
@@ -355,18 +361,24 @@ def _available(ctl, length, ps, q_occupancy, s3_cnt, requester):
 
 
 @njit(cache=True, _nrt=False)
-def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, state, materialized, table,
-              table_off, hashes, hash_off, group_id, contract_id, prefix_id, hits, victims,
-              evicted, was_free, ref_cnt, block_hash, hash_next, owner, occupancy, evictions,
-              map_keys, map_vals, map_size, prev, nxt, member, length, ps, log_t, log_g, log_d,
-              log_cls, log_meta, q_owner, q_occupancy, s3_freq, s3_in_use, s3_key, s3_cnt,
-              s3_params, s3_gkeys, s3_gtab, s3_gpos, cre_t, cre_g, cre_c, cre_b,
-              block_s, held_since, held):
+def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, req, win, rec, scr, pool, pol,
+              series):
     """``KVCacheManager.allocate_slots`` of request ``r`` (hits ``hits[:num_hit]``, reservation
     ``reserve`` tokens) under the policy ``ctl[POLICY]``; False if the blocks do not fit
     (nothing changed then). The pool calls the policy's events in :class:`BlockPool`'s order:
     ``on_hit`` then ``on_acquire`` (touch), ``select_victims`` (take), ``on_materialize`` after
-    the creation record (cache)."""
+    the creation record (cache). (The tuples are :func:`run_loop`'s.)"""
+    (arrival_s, group_id, contract_id, prefix_id, state, materialized, table_off,
+     hash_off) = req
+    table, hashes = win
+    block_s, held_since = rec[7], rec[8]
+    hits, victims, evicted, was_free = scr[0], scr[1], scr[2], scr[3]
+    (ref_cnt, block_hash, hash_next, owner, occupancy, evictions, map_keys, map_vals,
+     map_size) = pool
+    (prev, nxt, member, length, ps, log_t, log_g, log_d, log_cls, log_meta, q_owner,
+     q_occupancy, s3_freq, s3_in_use, s3_key, s3_cnt, s3_params, s3_gkeys, s3_gtab,
+     s3_gpos) = pol
+    cre_t, cre_g, cre_c, cre_b, held = series[2], series[3], series[4], series[5], series[6]
     B = ctl[BLOCK_SIZE]
     kind = ctl[POLICY]
     nb0 = state[r, bk.NUM_BLOCKS]
@@ -468,48 +480,57 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, state, materialized
 
 
 @njit(cache=True, _nrt=False)
-def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, materialized, table,
-             table_off, hashes, hash_off, first_token_s, finish_s, cached_tokens,
-             num_preemptions, num_new_blocks, run_ids, num_new, finished, waiting, hits, victims,
-             evicted, was_free, freed, cached, order, ref_cnt, block_hash, hash_next, owner,
-             occupancy, evictions, map_keys, map_vals, map_size, prev, nxt, member, length, ps,
-             log_t, log_g, log_d, log_cls, log_meta, q_owner, q_occupancy, s3_freq, s3_in_use,
-             s3_key, s3_cnt, s3_params, s3_gkeys, s3_gtab, s3_gpos, occ_t, occ, cre_t, cre_g,
-             cre_c, cre_b, admitted_s, arrival_cached, block_s, held_since, held, held_t,
-             held_rows):
+def run_loop(ctl, fctl, req, win, rec, batch, scr, pool, pol, series):
     """Run the engine's event loop from the state in ``ctl`` / ``fctl`` until it returns.
 
-    Args (all updated in place; ids index the trace's rows):
-        ctl, fctl: loop state and configuration (the slot constants of this module).
-        arrival_s, group_id, contract_id, prefix_id: per request (seconds; ids).
-        state: the batch matrix of :mod:`~prefixshield.simulator.batch` (one row per request).
-        materialized: per request, full blocks it computed and cached over its life.
-        table, table_off: flat block tables and each request's offset in them.
-        hashes, hash_off: flat block hashes; request r's are ``hash_off[r]:hash_off[r+1]``.
-        first_token_s, finish_s, cached_tokens, num_preemptions, num_new_blocks: the records.
-        run_ids, num_new, finished: running order (request ids), tokens scheduled per position
-            this step, scratch for finished positions (``min(max_num_seqs, n) + 1`` each).
-        waiting: ring buffer of request ids (``n + 1``).
-        hits, victims, evicted, was_free, freed, cached, order: per-block scratch.
-        ref_cnt ... map_size: the block pool's arrays.
-        prev ... length: the LRU queue's, or StaticQuota's lists (else unread).
-        ps, log_t, log_g, log_d, log_cls, log_meta: PrefixShield's packed state and its debt
-            log's columns and (size, stride, charges) (:data:`POLICY_PREFIXSHIELD`; else
-            unread).
-        q_owner, q_occupancy: StaticQuota's owner per block and blocks per group
-            (:data:`POLICY_STATIC_QUOTA`; else unread).
-        s3_freq ... s3_gpos: S3-FIFO's arrays (:data:`POLICY_S3FIFO`; else unread).
-        occ_t, occ: occupancy series (times, blocks per group), ``ctl[NUM_OCC]`` rows used.
-        admitted_s, arrival_cached, block_s: per request, first admission (s), tokens cached
-            at arrival, KV block-seconds; held_since: per request, the time of the last
-            change of its table (scratch).
-        held, held_t, held_rows: block-table entries of running requests per group now, and
-            their series (times, blocks per group), ``ctl[NUM_HELD]`` rows used.
-        cre_t, cre_g, cre_c, cre_b: creation log columns, ``ctl[NUM_CRE]`` rows used.
+    The arrays come in tuples by what they hold, each in this order (all updated in place; ids
+    index the trace's rows, or the window's for a streamed run):
+
+    * ``ctl``, ``fctl``: loop state and configuration (the slot constants of this module).
+    * ``req``: per request ``(arrival_s, group_id, contract_id, prefix_id, state,
+      materialized, table_off, hash_off)``: seconds; ids; the batch matrix of
+      :mod:`~prefixshield.simulator.batch` (one row per request); full blocks it computed and
+      cached over its life; its offsets in the flat tables and hashes (request r's hashes are
+      ``hash_off[r]:hash_off[r+1]``).
+    * ``win``: the window's ``(table, hashes)``: flat block tables and block hashes.
+    * ``rec``: the records ``(first_token_s, finish_s, cached_tokens, num_preemptions,
+      num_new_blocks, admitted_s, arrival_cached, block_s, held_since)``: first admission
+      (s), tokens cached at arrival, KV block-seconds, and the time of the last change of the
+      request's table (scratch).
+    * ``batch``: ``(run_ids, num_new, finished, waiting)``: running order (request ids),
+      tokens scheduled per position this step, scratch for finished positions
+      (``min(max_num_seqs, n) + 1`` each), the ring buffer of waiting ids (``n + 1``).
+    * ``scr``: per-block scratch ``(hits, victims, evicted, was_free, freed, cached, order)``.
+    * ``pool``: the block pool's ``(ref_cnt, block_hash, hash_next, owner, occupancy,
+      evictions, map_keys, map_vals, map_size)``.
+    * ``pol``: the policy's ``(prev, nxt, member, length, ps, log_t, log_g, log_d, log_cls,
+      log_meta, q_owner, q_occupancy, s3_freq, s3_in_use, s3_key, s3_cnt, s3_params,
+      s3_gkeys, s3_gtab, s3_gpos)``: the LRU queue's or the lists of StaticQuota and S3-FIFO;
+      PrefixShield's packed state and its debt log's columns and (size, stride, charges);
+      StaticQuota's owner per block and blocks per group; S3-FIFO's arrays. What
+      ``ctl[POLICY]`` does not drive is unread (empty arrays of the same dtypes: one compiled
+      loop serves every policy).
+    * ``series``: ``(occ_t, occ, cre_t, cre_g, cre_c, cre_b, held, held_t, held_rows)``: the
+      occupancy series (``ctl[NUM_OCC]`` rows used), the creation log's columns
+      (``ctl[NUM_CRE]``), block-table entries of running requests per group now and their
+      series (``ctl[NUM_HELD]``).
 
     Returns:
-        :data:`DONE`, :data:`CHECK`, :data:`GROW` or :data:`NEVER_ADMITTED`.
+        :data:`DONE`, :data:`CHECK`, :data:`GROW`, :data:`NEED_WINDOW` or
+        :data:`NEVER_ADMITTED`.
     """
+    (arrival_s, group_id, contract_id, prefix_id, state, materialized, table_off,
+     hash_off) = req
+    table, hashes = win
+    (first_token_s, finish_s, cached_tokens, num_preemptions, num_new_blocks, admitted_s,
+     arrival_cached, block_s, held_since) = rec
+    run_ids, num_new, finished, waiting = batch
+    hits = scr[0]
+    map_keys, map_vals = pool[6], pool[7]
+    log_t, log_meta = pol[5], pol[9]
+    occ_t, occ, cre_t, held, held_t, held_rows = (series[0], series[1], series[2], series[6],
+                                                  series[7], series[8])
+    occupancy = pool[4]
     n = ctl[N]
     B = ctl[BLOCK_SIZE]
     max_seqs = ctl[MAX_SEQS]
@@ -554,23 +575,12 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
                     i += 1
                     continue
                 self_preempted = False
-                while not _allocate(r, k, 0, 0, ctl, now, state, materialized, table,
-                                    table_off, hashes, hash_off, group_id, contract_id,
-                                    prefix_id, hits, victims, evicted, was_free, ref_cnt,
-                                    block_hash, hash_next, owner, occupancy, evictions,
-                                    map_keys, map_vals, map_size, prev, nxt, member, length, ps,
-                                    log_t, log_g, log_d, log_cls, log_meta, q_owner,
-                                    q_occupancy, s3_freq, s3_in_use, s3_key, s3_cnt,
-                                    s3_params, s3_gkeys, s3_gtab, s3_gpos, cre_t, cre_g,
-                                    cre_c, cre_b, block_s, held_since, held):
+                while not _allocate(r, k, 0, 0, ctl, now, req, win, rec, scr, pool, pol, series):
                     preempted = True
                     # preempt the newest running request (recompute): it waits at the head
                     nrun -= 1
                     victim = run_ids[nrun]
-                    _free_request(victim, ctl, now, state, table, table_off, ref_cnt,
-                                  block_hash, owner, occupancy, freed, cached, order, prev, nxt,
-                                  member, length, ps, q_owner, q_occupancy, s3_in_use,
-                                  s3_key, s3_cnt, block_s, held_since, held, group_id)
+                    _free_request(victim, ctl, now, req, win, rec, scr, pool, pol, held)
                     num_preemptions[victim] += 1
                     h = (ctl[WAIT_HEAD] - 1) % wcap
                     waiting[h] = victim
@@ -598,15 +608,8 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
                                     (num_tokens - 1) // B, hits)
                     k = min(num_tokens - nh * B, budget)
                     reserve = num_tokens if ctl[RESERVE_FULL] else 0
-                    if not _allocate(r, k, nh, reserve, ctl, now, state, materialized, table,
-                                     table_off, hashes, hash_off, group_id, contract_id,
-                                     prefix_id, hits, victims, evicted, was_free, ref_cnt,
-                                     block_hash, hash_next, owner, occupancy, evictions,
-                                     map_keys, map_vals, map_size, prev, nxt, member, length, ps,
-                                     log_t, log_g, log_d, log_cls, log_meta, q_owner,
-                                     q_occupancy, s3_freq, s3_in_use, s3_key, s3_cnt,
-                                     s3_params, s3_gkeys, s3_gtab, s3_gpos, cre_t, cre_g,
-                                     cre_c, cre_b, block_s, held_since, held):
+                    if not _allocate(r, k, nh, reserve, ctl, now, req, win, rec, scr, pool,
+                                     pol, series):
                         head_blocked = True
                         break
                     ctl[WAIT_HEAD] = (ctl[WAIT_HEAD] + 1) % wcap
@@ -717,10 +720,7 @@ def run_loop(ctl, fctl, arrival_s, group_id, contract_id, prefix_id, state, mate
         for j in range(num_finished):  # freed in schedule order
             r = run_ids[finished[j]]
             num_new_blocks[r] = materialized[r]
-            _free_request(r, ctl, now, state, table, table_off, ref_cnt, block_hash, owner,
-                          occupancy, freed, cached, order, prev, nxt, member, length, ps,
-                          q_owner, q_occupancy, s3_in_use, s3_key, s3_cnt, block_s,
-                          held_since, held, group_id)
+            _free_request(r, ctl, now, req, win, rec, scr, pool, pol, held)
         if num_finished:
             nrun = bk.remove_positions(run_ids, nrun, finished, num_finished)
             ctl[NUM_RUNNING] = nrun
