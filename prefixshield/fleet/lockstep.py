@@ -80,7 +80,7 @@ class _Due:
         if at < math.inf:
             # one entry per change; an entry whose time is no longer the replica's is stale
             heapq.heappush(self.heap, (at, r))
-        if rep._deferred is not None:
+        if rep.jump_waits():
             self.jumping.add(r)
         else:
             self.jumping.discard(r)

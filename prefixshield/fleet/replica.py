@@ -8,7 +8,8 @@ look ahead at the next arrival, which a replica does not know until the router d
 * the arrival process schedules the next arrival's timeout right after an arrival;
 * a coalesced decode jump stops at the first step boundary at or after the next arrival.
 
-Both wait on a :class:`~prefixshield.fleet.slots.Slot`: the event id is taken when the single
+Both are asked of the engine's arrival source (:mod:`prefixshield.simulator.arrivals`), here a
+:class:`RoutedArrivals`, and both wait on a :class:`~prefixshield.fleet.slots.Slot`: the event id is taken when the single
 engine would schedule, the time is set when the next row is routed here (or, for a jump, when
 no later row can change its length: see :meth:`jump_settles`, and :meth:`close`). So a replica
 given the rows R runs exactly as a single engine over the sub-trace R: same steps, same times,
@@ -19,9 +20,9 @@ front.
 The replicas of one run serve disjoint rows of one trace, so they share what is per request
 (:class:`SharedRows`): the arrays read from the trace, the per-request results (each row is
 written only by the replica it was routed to), and the token ids and block hashes, built once
-for the fleet instead of once per replica. A replica owns only its run state
-(:meth:`~prefixshield.simulator.engine.Engine._new_run_state`: pool, policy, environment,
-queues, logs) and its scheduler; memory then grows with requests + replicas x blocks, not
+for the fleet instead of once per replica (:class:`~prefixshield.simulator.engine.Engine`'s
+``rows_of``). A replica owns only its run state (pool, policy, environment, queues, logs), its
+arrival source (:class:`RoutedArrivals`) and its scheduler; memory then grows with requests + replicas x blocks, not
 replicas x requests.
 """
 
@@ -33,9 +34,10 @@ import numpy as np
 import pandas as pd
 
 from prefixshield.fleet.slots import Slot
-from prefixshield.scheduling.registry import make_scheduler
 from prefixshield.simulator import batch as bk
-from prefixshield.simulator.engine import Engine, _Chunks, bind_capacity
+from prefixshield.simulator import requests as rq
+from prefixshield.simulator.arrivals import ArrivalSource, Plan
+from prefixshield.simulator.engine import Engine, _Chunks
 from prefixshield.simulator.records import build_records
 
 
@@ -82,10 +84,23 @@ class SharedRows:
         chunks: the fleet's token ids and block hashes (:class:`_ChunkCache`).
     """
 
+    SHARED = tuple(f.name for f in rq.TRACE_FIELDS + rq.RESULT_FIELDS
+                   if f.name not in ("request_id", "role", "measured")) + (rq.STATE_MATRIX,)
+    """The declared per-request arrays (:mod:`prefixshield.simulator.requests`) every replica
+    holds as the template's own (``request_id``, ``role``, ``measured`` are read from the
+    shared trace)."""
+
     def __init__(self, template: "LockstepReplica") -> None:
         self.template = template
         self.chunks = _ChunkCache(template)
         self._records: pd.DataFrame | None = None
+
+    def check(self, replica: Engine) -> None:
+        """Raise ``AssertionError`` unless ``replica`` holds the template's arrays
+        (:attr:`SHARED`)."""
+        for name in self.SHARED:
+            if getattr(replica, name) is not getattr(self.template, name):
+                raise AssertionError(f"replica's {name} is not the shared rows'")
 
     def records(self) -> pd.DataFrame:
         """Every row's record (built once, after every replica has finished)."""
@@ -94,80 +109,71 @@ class SharedRows:
         return self._records
 
 
-class LockstepReplica(Engine):
-    """An engine over the whole ``trace`` that serves only the rows delivered to it.
+class RoutedArrivals(ArrivalSource):
+    """A lockstep replica's arrivals (an :class:`~prefixshield.simulator.arrivals.
+    ArrivalSource`): the rows the router sends it (:meth:`deliver`), in arrival order, each at
+    its ``arrival_s``. Where a single engine would look ahead at its next arrival, this one
+    waits on a :class:`~prefixshield.fleet.slots.Slot` until the router decides (see the
+    module docstring).
 
-    Args: those of :class:`Engine` (``fused`` is forced off), and ``shared``: the
-    :attr:`shared` of the run's first replica (built over the same trace, cost, config and
-    contracts), whose per-request arrays this one then uses; None: this is the first. Call
-    :meth:`start`, then :meth:`advance` / :meth:`deliver` in arrival order, then
-    :meth:`close` and :meth:`finish`.
+    Attributes:
+        fed: rows routed here that have not arrived yet (arrival order).
+        closed: no row will be routed any more.
+        slot: the arrival process waits for its next row (None: it does not).
+        deferred: ``(plan, slot)`` of a decode jump waiting for the router (None: none).
+        deferred_jumps: decode jumps that waited for the router (tests read it).
     """
 
-    def __init__(self, *args, shared: SharedRows | None = None, **kwargs) -> None:
-        kwargs["fused"] = False
-        if shared is None:
-            super().__init__(*args, **kwargs)
-            self.shared = SharedRows(self)
-        else:
-            self._share(shared, *args, **kwargs)
-        if self.batched:
-            self._head_chunks = self._arrival_chunks = self.shared.chunks
-        self._fed: deque[int] = deque()  # routed here, not arrived yet (arrival order)
-        self._closed = False  # no row will be routed any more
-        self._slot: Slot | None = None  # the arrival process waits for its next row
-        self._deferred = None  # (plan, slot) of a decode jump waiting for the router
-        self.rows: list[int] = []  # the rows routed here, in order
-        self._unadmitted: list[int] = []  # arrived rows maybe not admitted yet (pruned lazily)
-        self.done = None
-        self.deferred_jumps = 0  # decode jumps that waited for the router (tests read it)
+    def __init__(self) -> None:
+        self.fed: deque[int] = deque()
+        self.closed = False
+        self.slot: Slot | None = None
+        self.deferred = None
+        self.deferred_jumps = 0
+        self.unadmitted: list[int] = []  # arrived rows maybe not admitted yet (pruned lazily)
 
-    def _new_run_state(self, policy) -> None:
-        # remembers what the engine's run state is: every other attribute can be shared
-        before = set(vars(self))
-        super()._new_run_state(policy)
-        self._run_names = frozenset(set(vars(self)) - before)
+    def bind(self, engine: Engine) -> None:
+        super().bind(engine)
+        self.arrival_s = engine.arrival_s
 
-    def _share(self, shared: SharedRows, trace, policy, cost, config, **kwargs) -> None:
-        """Take the per-request arrays of ``shared.template`` (built by :class:`Engine` over
-        the same ``trace``, ``cost``, ``config`` and ``contracts``) and build the run state
-        and the scheduler (whose queue is the run's own) for ``policy``."""
-        t = shared.template
-        if trace is not t.trace or config is not t.config or cost is not t.cost:
-            raise ValueError("replicas sharing rows run the same trace, cost and config")
-        vars(self).update({k: v for k, v in vars(t).items()
-                           if k not in t._run_names and k != "scheduler"})
-        self.shared = shared
-        self.scheduler = make_scheduler(config.scheduler, self.groups, self.arrival_s,
-                                        self.group_id)
-        bind_capacity(self.scheduler, config, cost)
-        self._new_run_state(policy)
+    def process(self):
+        engine = self.engine
+        env = engine.env
+        fed, arrival_s = self.fed, self.arrival_s
+        while True:
+            if fed:
+                delay = arrival_s[fed[0]] - env.now
+                if delay > 0:
+                    yield env.timeout(delay)
+            elif self.closed:
+                return
+            else:
+                self.slot = Slot(env)
+                yield self.slot.event
+            i = fed.popleft()
+            engine.arrive(i)
+            self.unadmitted.append(i)
 
-    def records(self) -> pd.DataFrame:
-        """The records of the rows routed here, in trace order."""
-        return self.shared.records().iloc[self.rows].reset_index(drop=True)
+    def left(self) -> bool:
+        return bool(self.fed) or not self.closed
 
-    # ---------------------------------------------------------------- the engine's look-ahead
-    def _arrivals_left(self) -> bool:
-        return bool(self._fed) or not self._closed
+    def next_wait(self) -> float | None:
+        return self.arrival_s[self.fed[0]] - self.engine.env.now if self.fed else None
 
-    def _next_arrival_wait(self) -> float | None:
-        return self.arrival_s[self._fed[0]] - self.env.now if self._fed else None
-
-    def _jump(self, plan):
-        if self._fed or self._closed:  # the next arrival is known: the engine's own jump
-            return (yield from super()._jump(plan))
-        slot = Slot(self.env)
-        self._deferred = (plan, slot)
+    def jump(self, plan: Plan):
+        if self.fed or self.closed:  # the next arrival is known: a single engine's jump
+            return (yield from self.take_jump(plan, self.next_wait()))
+        slot = Slot(self.engine.env)
+        self.deferred = (plan, slot)
         self.deferred_jumps += 1
         return (yield slot.event)
 
     def _resolve_jump(self, wait: float | None) -> None:
-        plan, slot = self._deferred
-        self._deferred = None
+        plan, slot = self.deferred
+        self.deferred = None
         k, seconds = plan(wait)
         if k > 0:
-            self.num_events += 1  # as Engine._jump counts a jump it takes
+            self.engine.num_events += 1  # as take_jump counts a jump it takes
             slot.fire(seconds, k)
         else:
             slot.fire(0.0, 0)
@@ -175,70 +181,109 @@ class LockstepReplica(Engine):
     def jump_settles(self, t: float) -> bool:
         """If a decode jump waits for the router and an arrival at ``t`` (or any later one)
         would leave its length what no arrival gives, settle it now; returns whether it did."""
-        if self._deferred is None:
+        if self.deferred is None:
             return False
-        plan, slot = self._deferred
+        plan, slot = self.deferred
         if plan(t - slot.at) != plan(None):
             return False
         self._resolve_jump(None)
         return True
 
-    def _fed_arrivals(self):
-        """The engine's arrival process over the rows the router sends (see module doc)."""
-        env = self.env
-        while True:
-            if self._fed:
-                delay = self.arrival_s[self._fed[0]] - env.now
-                if delay > 0:
-                    yield env.timeout(delay)
-            elif self._closed:
-                return
-            else:
-                self._slot = Slot(env)
-                yield self._slot.event
-            i = self._fed.popleft()
-            self._arrive(i)
-            self._unadmitted.append(i)
-            self._wake()
+    def horizon(self, t: float) -> float:
+        """Events before this time come before an arrival at ``t`` routed here: ``t`` as the
+        waiting arrival process will compute it (``then + (t - then)``)."""
+        return min(t, self.slot.at + (t - self.slot.at)) if self.slot is not None else t
+
+    def deliver(self, row: int) -> None:
+        """Row ``row`` (arriving at or after every row delivered before) is routed here."""
+        self.fed.append(row)
+        t = self.arrival_s[row]
+        if self.deferred is not None:
+            self._resolve_jump(t - self.deferred[1].at)
+        if self.slot is not None:
+            slot, self.slot = self.slot, None
+            slot.fire(max(t - slot.at, 0.0))
+
+    def close(self) -> None:
+        """No more rows: settle a waiting jump."""
+        self.closed = True
+        if self.deferred is not None:
+            self._resolve_jump(None)
+
+
+class LockstepReplica(Engine):
+    """An engine over the whole ``trace`` that serves only the rows delivered to it (its
+    arrival source a :class:`RoutedArrivals`).
+
+    Args: those of :class:`Engine` (``fused`` is forced off), and ``shared``: the
+    :attr:`shared` of the run's first replica (built over the same trace, cost, config and
+    contracts), whose per-request arrays this one then uses (:class:`Engine`'s ``rows_of``);
+    None: this is the first. Call :meth:`start`, then :meth:`advance` / :meth:`deliver` in
+    arrival order, then :meth:`close` and :meth:`finish`.
+    """
+
+    def __init__(self, *args, shared: SharedRows | None = None, **kwargs) -> None:
+        kwargs["fused"] = False
+        routed = kwargs["arrivals"] = RoutedArrivals()
+        if shared is None:
+            super().__init__(*args, **kwargs)
+            self.shared = SharedRows(self)
+        else:
+            super().__init__(*args, rows_of=shared.template, **kwargs)
+            self.shared = shared
+            shared.check(self)
+        self.routed = routed
+        if self.batched:
+            self._head_chunks = self._arrival_chunks = self.shared.chunks
+        self.rows: list[int] = []  # the rows routed here, in order
+        self.done = None
+
+    @property
+    def deferred_jumps(self) -> int:
+        """Decode jumps that waited for the router."""
+        return self.routed.deferred_jumps
+
+    def jump_waits(self) -> bool:
+        """Whether a decode jump of this replica waits for the router."""
+        return self.routed.deferred is not None
+
+    def records(self) -> pd.DataFrame:
+        """The records of the rows routed here, in trace order."""
+        return self.shared.records().iloc[self.rows].reset_index(drop=True)
 
     # ---------------------------------------------------------------- driven by the fleet
     def start(self) -> None:
         """Create the processes, in the single engine's order (arrivals first)."""
-        self.env.process(self._fed_arrivals())
-        self.done = self.env.process(self._engine())
+        self.done = super().start()
 
     def horizon(self, t: float) -> float:
-        """Events before this time come before an arrival at ``t`` routed here: ``t`` as the
-        waiting arrival process will compute it (``then + (t - then)``)."""
-        return min(t, self._slot.at + (t - self._slot.at)) if self._slot is not None else t
+        """:meth:`RoutedArrivals.horizon`."""
+        return self.routed.horizon(t)
+
+    def jump_settles(self, t: float) -> bool:
+        """:meth:`RoutedArrivals.jump_settles`."""
+        return self.routed.jump_settles(t)
 
     def advance(self, t: float) -> None:
         """Process every event before an arrival at ``t`` could be (settling decode jumps
         that no arrival can shorten)."""
         env = self.env
-        limit = self.horizon(t)
+        routed = self.routed
+        limit = routed.horizon(t)
         while True:
             while env.peek() < limit:
                 env.step()
-            if not self.jump_settles(t):
+            if not routed.jump_settles(t):
                 return
 
     def deliver(self, row: int) -> None:
         """Row ``row`` (arriving at or after every row delivered before) is routed here."""
-        self._fed.append(row)
         self.rows.append(row)
-        t = self.arrival_s[row]
-        if self._deferred is not None:
-            self._resolve_jump(t - self._deferred[1].at)
-        if self._slot is not None:
-            slot, self._slot = self._slot, None
-            slot.fire(max(t - slot.at, 0.0))
+        self.routed.deliver(row)
 
     def close(self) -> None:
         """No more rows: settle a waiting jump, let an idle engine see it is done."""
-        self._closed = True
-        if self._deferred is not None:
-            self._resolve_jump(None)
+        self.routed.close()
         self._wake()
 
     def finish(self) -> None:
@@ -250,17 +295,18 @@ class LockstepReplica(Engine):
         # waiting requests are in the scheduler's queue under any scheduler but plain FCFS
         # (and on the step-by-step path), else in self.waiting
         waiting = len(self.scheduler) if self._scheduler_queue else len(self.waiting)
-        return waiting + len(self._fed) + len(self.running)
+        return waiting + len(self.routed.fed) + len(self.running)
 
     def cached_prefix_blocks(self, hashes: np.ndarray) -> int:
         return self.pool.cached_prefix_length(hashes, hashes.shape[0])
 
     def pending_prefill_tokens(self) -> int:
-        self._unadmitted = [i for i in self._unadmitted if self.cached_tokens[i] < 0]
+        routed = self.routed
+        routed.unadmitted = [i for i in routed.unadmitted if self.cached_tokens[i] < 0]
         total = 0
-        for i in self._unadmitted:
+        for i in routed.unadmitted:
             total += int(self.prompt_tokens[i] - self.arrival_cached_tokens[i])
-        for i in self._fed:
+        for i in routed.fed:
             total += int(self.prompt_tokens[i])
         for s in self.running:
             done = (int(self._state[s.request_id, bk.COMPUTED]) if self.batched

@@ -61,6 +61,8 @@ from prefixshield.scheduling.config import capped_outputs, over_block_limit
 from prefixshield.scheduling.registry import make_scheduler
 from prefixshield.simulator import batch as bk
 from prefixshield.simulator import fused as fz
+from prefixshield.simulator import requests as rq
+from prefixshield.simulator.arrivals import ArrivalSource, TraceArrivals
 from prefixshield.simulator.blockpool import BlockPool
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import CostModel
@@ -171,20 +173,11 @@ def bind_capacity(scheduler, config: EngineConfig, cost: CostModel) -> None:
 
 
 def init_request_arrays(target, n: int) -> None:
-    """Set ``target``'s per-request result arrays for ``n`` requests, before any runs:
-    ``first_token_s``, ``finish_s`` (NaN), ``cached_tokens`` (-1: not admitted),
-    ``num_preemptions``, ``num_new_blocks`` (0), and, for queueing and KV consumption,
-    ``admitted_s`` (first admission, s; NaN), ``arrival_cached_tokens`` (tokens cached at
-    arrival; -1: not arrived) and ``block_s`` (KV block-seconds of the request's block table
-    over its life; 0)."""
-    target.first_token_s = np.full(n, np.nan)
-    target.finish_s = np.full(n, np.nan)
-    target.cached_tokens = np.full(n, -1, dtype=np.int64)
-    target.num_preemptions = np.zeros(n, dtype=np.int64)
-    target.num_new_blocks = np.zeros(n, dtype=np.int64)
-    target.admitted_s = np.full(n, np.nan)
-    target.arrival_cached_tokens = np.full(n, -1, dtype=np.int64)
-    target.block_s = np.zeros(n, dtype=np.float64)
+    """Set ``target``'s per-request result arrays for ``n`` requests, before any runs: every
+    field of :data:`~prefixshield.simulator.requests.RESULT_FIELDS` (``first_token_s`` ..
+    ``block_s``) at its declared initial value (:func:`~prefixshield.simulator.requests.
+    allocate`)."""
+    rq.allocate(target, n)
 
 
 @dataclass
@@ -246,6 +239,15 @@ class Engine:
         fused: with ``batched``, run the whole event loop in one numba kernel
             (:mod:`prefixshield.simulator.fused`) when the run allows it (see
             :meth:`fused_applies`); False always takes the per-step batched path. Same results.
+        arrivals: which rows arrive and when on the SimPy paths
+            (:class:`~prefixshield.simulator.arrivals.ArrivalSource`); None: every row of
+            ``trace`` (:class:`~prefixshield.simulator.arrivals.TraceArrivals`). The fused loop
+            reads the trace's arrivals itself (it needs every arrival up front).
+        rows_of: an engine over the same ``trace``, ``cost``, ``config`` and ``contracts``
+            whose per-request arrays (:mod:`prefixshield.simulator.requests`) and trace inputs
+            this one shares instead of building its own, each row being written only by the
+            engine that serves it (fleet replicas, :mod:`prefixshield.fleet.replica`); its
+            ``coalesce_decode``, ``batched`` and ``fused`` are taken too. None: build them.
 
     While the batched step runs, the token counters (``num_computed_tokens``,
     ``num_output_done``) of the :class:`Sequence` objects in :attr:`running` are not kept up to
@@ -261,7 +263,13 @@ class Engine:
 
     def __init__(self, trace: Trace, policy: Policy, cost: CostModel, config: EngineConfig,
                  contracts: Mapping[str, Contract] = DEFAULT_CONTRACTS,
-                 coalesce_decode: bool = True, batched: bool = True, fused: bool = True) -> None:
+                 coalesce_decode: bool = True, batched: bool = True, fused: bool = True,
+                 arrivals: ArrivalSource | None = None,
+                 rows_of: "Engine | None" = None) -> None:
+        if rows_of is not None:
+            self._share_rows(rows_of, trace, cost, config, arrivals)
+            self._new_run_state(policy)
+            return
         self.trace = trace
         self.coalesce_decode = coalesce_decode
         self.batched = batched
@@ -327,13 +335,46 @@ class Engine:
         init_request_arrays(self, n)
         # Batched step: per-request counters by request id (prompt, output length known up
         # front), the running order as request ids, and per-position scratch of one step.
-        self._state = np.zeros((n, bk.NUM_FIELDS), dtype=np.int64)
-        self._state[:, bk.PROMPT] = self.prompt_tokens
-        self._state[:, bk.OUTPUT_TOTAL] = self.output_tokens
-        self._state[:, bk.ADMISSION] = -1
+        self._state = rq.state_matrix(self.prompt_tokens, self.output_tokens)
         if batched:
             self._total_tokens = self.prompt_tokens + self.output_tokens
+        # what an engine sharing these rows takes (see rows_of); the rest is the run's
+        self._row_names = frozenset(vars(self))
+        self.arrivals = TraceArrivals() if arrivals is None else arrivals
         self._new_run_state(policy)
+
+    def _share_rows(self, template: "Engine", trace: Trace, cost: CostModel,
+                    config: EngineConfig, arrivals: ArrivalSource | None) -> None:
+        """:meth:`__init__` with ``rows_of=template``: its per-request arrays and what else
+        it built before its run state, a scheduler of this engine's own."""
+        if trace is not template.trace or config is not template.config or (
+                cost is not template.cost):
+            raise ValueError("engines sharing rows run the same trace, cost and config")
+        vars(self).update({k: getattr(template, k) for k in template._row_names
+                           if k != "scheduler"})
+        self._row_names = template._row_names
+        try:
+            self.scheduler = make_scheduler(config.scheduler, self.groups, self.arrival_s,
+                                            self.group_id)
+        except ValueError as e:
+            raise EngineError(f"scheduler {config.scheduler.name}: {e}") from None
+        bind_capacity(self.scheduler, config, cost)
+        self.arrivals = TraceArrivals() if arrivals is None else arrivals
+
+    @property
+    def request_id(self) -> np.ndarray:
+        """The trace's request ids by row (int64, read from the trace on each access)."""
+        return self.trace.requests["request_id"].to_numpy(np.int64)
+
+    @property
+    def role(self) -> np.ndarray:
+        """The trace's roles by row (object array of str, read on each access)."""
+        return self.trace.requests["role"].astype(str).to_numpy()
+
+    @property
+    def measured(self) -> np.ndarray:
+        """Whether each row is measured (bool, read from the trace on each access)."""
+        return self.trace.requests["measured"].to_numpy(bool)
 
     def _new_run_state(self, policy: Policy) -> None:
         """What one engine's run owns and nothing else reads: the pool under ``policy`` (bound
@@ -342,6 +383,7 @@ class Engine:
         per request (read-only, or written only at the rows this engine serves)."""
         config, n = self.config, len(self.arrival_s)
         policy.bind_tenants(self.groups, self._contract_table)
+        self.arrivals.bind(self)
         self.pool = BlockPool(config.num_blocks, policy, len(self.groups))
         self.kv = KVCacheManager(self.pool, config.block_size)
         self.env = simpy.Environment()
@@ -350,7 +392,6 @@ class Engine:
         # int per request, not its prompt.
         self.waiting: deque[Sequence | int] = deque()
         self.running: list[Sequence] = []
-        self._next_arrival = 0
         self._wakeup: simpy.Event | None = None
         self._occ_t: list[float] = [0.0]
         self._occ: list[np.ndarray] = [self.pool.occupancy.copy()]
@@ -373,15 +414,20 @@ class Engine:
             self._arrival_chunks = _Chunks(self)
 
     # ------------------------------------------------------------------ processes
-    def _arrivals(self):
-        env = self.env
-        for i in range(len(self.arrival_s)):
-            delay = self.arrival_s[i] - env.now
-            if delay > 0:
-                yield env.timeout(delay)
-            self._arrive(i)
-            self._next_arrival = i + 1
-            self._wake()
+    def start(self) -> simpy.Process:
+        """Create the run's SimPy processes, the arrival source's first (its
+        :meth:`~prefixshield.simulator.arrivals.ArrivalSource.process`), then the engine's;
+        returns the engine's (it ends with the run). :meth:`run` calls it; a caller driving
+        the environment itself (a fleet replica) calls it once before stepping."""
+        self.env.process(self.arrivals.process())
+        return self.env.process(self._engine())
+
+    def arrive(self, i: int) -> None:
+        """Request row ``i`` arrives now (called by the arrival source's process): it joins
+        the waiting requests with the prefix cached at arrival recorded, and an engine idle
+        for want of requests resumes."""
+        self._arrive(i)
+        self._wake()
 
     def _arrive(self, i: int) -> None:
         """Request ``i`` arrives now: it joins the waiting queue, with the prefix cached at
@@ -408,29 +454,6 @@ class Engine:
         """Resume the engine process if it waits for an arrival."""
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
-
-    def _arrivals_left(self) -> bool:
-        """Whether a request is still to arrive (a fleet replica overrides this: its arrivals
-        are the router's, see :mod:`prefixshield.fleet.replica`)."""
-        return self._next_arrival < len(self.arrival_s)
-
-    def _next_arrival_wait(self) -> float | None:
-        """Seconds from now to the next arrival, None when none is left."""
-        if self._next_arrival < len(self.arrival_s):
-            return self.arrival_s[self._next_arrival] - self.env.now
-        return None
-
-    def _jump(self, plan: Callable[[float | None], tuple[int, float]]):
-        """Take a coalesced decode run: ``plan(wait)`` gives its steps and seconds from the wait
-        until the next arrival (None: none left). A generator (``k = yield from``) returning the
-        steps taken, 0 for none. A fleet replica overrides it to wait for the router when its
-        next arrival is not routed yet."""
-        k, seconds = plan(self._next_arrival_wait())
-        if k <= 0:
-            return 0
-        self.num_events += 1
-        yield self.env.timeout(seconds)
-        return k
 
     @property
     def _scheduler_queue(self) -> bool:
@@ -490,7 +513,7 @@ class Engine:
         n = len(self.arrival_s)
         while True:
             if not self.running and not self._has_waiting():
-                if not self._arrivals_left():
+                if not self.arrivals.left():
                     return
                 self._wakeup = env.event()
                 yield self._wakeup
@@ -660,7 +683,7 @@ class Engine:
             s.num_computed_tokens == s.num_tokens - 1 and s.num_output_done > 0 for s in self.running)
 
     def _idle_until_arrival(self):
-        if not self._arrivals_left():
+        if not self.arrivals.left():
             seq = self._waiting_head()
             raise self._never_admitted(seq.request_id, seq.num_tokens)
         self._wakeup = self.env.event()
@@ -731,7 +754,7 @@ class Engine:
             return j, (float(cum[j - 1]) if j > 0 else 0.0)
 
         t0 = self.env.now
-        k = yield from self._jump(plan)
+        k = yield from self.arrivals.jump(plan)
         if k <= 0:
             return
         self.num_steps += k
@@ -1046,7 +1069,7 @@ class Engine:
             return bk.coalesced_time(per_step, slope, j, 0.0, False)
 
         t0 = self.env.now
-        k = yield from self._jump(plan)
+        k = yield from self.arrivals.jump(plan)
         self.num_steps += k
         if k > 0 and self.scheduled_by_policy and sched.counts_block_seconds:  # as in
             sched.on_hold(self.kv.held, self.env.now - t0)  # _coalesced_decode
@@ -1085,8 +1108,7 @@ class Engine:
         if observe is None and self.fused_applies():
             self._run_fused()
             return self._result()
-        self.env.process(self._arrivals())
-        done = self.env.process(self._engine())
+        done = self.start()
         if observe is None:
             self.env.run(until=done)
         else:

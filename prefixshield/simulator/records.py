@@ -76,19 +76,16 @@ def build_records(engine: Any) -> pd.DataFrame:
     Args:
         engine: a finished :class:`~prefixshield.simulator.engine.Engine`, or any object with
             the same plain data (this module does not import the engine, which imports it):
-            read are its trace's ``request_id``, ``role`` and ``measured`` columns, and its
-            per-request arrays (``arrival_s``, ``group_id``, ``contract_id``, ``prefix_id``,
-            ``prompt_tokens``, ``cached_tokens``, ``num_new_blocks``, ``output_tokens``,
-            ``first_token_s``, ``finish_s``, ``num_preemptions``, ``admitted_s``,
-            ``arrival_cached_tokens``, ``block_s``) and name lists (``groups``,
-            ``contracts``).
+            the per-request arrays :data:`~prefixshield.simulator.requests.RECORD_INPUTS`
+            (declared in :mod:`prefixshield.simulator.requests`, under those names; a streamed
+            run's window, a :class:`~prefixshield.simulator.requests.RowSlice` of one) and the
+            name lists ``groups`` and ``contracts``.
 
     Returns:
         The same frame as ``pd.DataFrame({...})`` over those arrays (see the module docstring:
         equal values and dtypes; its columns are rows of four buffers, one per dtype).
     """
-    df = engine.trace.requests
-    n = len(df)
+    n = len(engine.arrival_s)
     ints = np.empty((9, n), dtype=np.int64)
     floats = np.empty((7, n), dtype=np.float64)
     strings = np.empty((3, n), dtype=object)
@@ -98,13 +95,13 @@ def build_records(engine: Any) -> pd.DataFrame:
     arrival, hit_fraction, ttft, e2e, queue, arrival_hit, block_s = floats
     group, contract, role = strings
     measured = flags[0]
-    np.copyto(request_id, df["request_id"].to_numpy(np.int64))
+    np.copyto(request_id, engine.request_id)
     np.copyto(arrival, engine.arrival_s)
     _names_of(engine.groups, engine.group_id, group)
     _names_of(engine.contracts, engine.contract_id, contract)
-    role[:] = df["role"].astype(str).to_numpy()
+    role[:] = engine.role
     np.copyto(prefix_id, engine.prefix_id)
-    np.copyto(measured, df["measured"].to_numpy(bool))
+    np.copyto(measured, engine.measured)
     np.copyto(prompt, engine.prompt_tokens)
     np.copyto(cached, engine.cached_tokens)
     np.subtract(engine.prompt_tokens, engine.cached_tokens, out=new_tokens)

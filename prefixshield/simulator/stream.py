@@ -222,8 +222,10 @@ class _Feed:
 def _records_frame(window: Window, lo: int, hi: int) -> pd.DataFrame:
     """The records of the window's rows ``lo .. hi-1`` (final: those requests finished)."""
     part = SimpleNamespace(
-        trace=SimpleNamespace(requests=window.trace.requests.iloc[lo:hi]),
         groups=window.groups, contracts=window.contracts,
+        request_id=window.request_id[lo:hi].astype(np.int64, copy=False),
+        role=window.trace.requests["role"].iloc[lo:hi].astype(str).to_numpy(),
+        measured=window.measured[lo:hi].astype(bool, copy=False),
         **{k: getattr(window, k)[lo:hi] for k in (
             "arrival_s", "group_id", "contract_id", "prefix_id", "prompt_tokens",
             "cached_tokens", "num_new_blocks", "output_tokens", "first_token_s", "finish_s",

@@ -263,7 +263,7 @@ def test_a_replica_counts_the_requests_its_scheduler_holds(monkeypatch, schedule
     count = LockstepReplica.num_requests
 
     def spy(self):
-        reads.append((count(self), len(self.scheduler), len(self.waiting) + len(self._fed)
+        reads.append((count(self), len(self.scheduler), len(self.waiting) + len(self.routed.fed)
                       + len(self.running)))
         return reads[-1][0]
 
