@@ -1152,13 +1152,14 @@ class Engine:
         """Whether :meth:`run` (without ``observe``) takes the fused loop: ``batched`` and
         ``fused`` are set, the policy is exactly the registered class of one of
         :attr:`FUSED_POLICIES` (the kernel drives their state through their own event kernels;
-        a subclass may change an event), the cost model is
-        exactly :class:`CostModel` (the kernel
-        evaluates its formula), and the scheduler is vLLM's default (FCFS without per-tenant
-        limits: the loop compiles it). The trace's length does not matter: the hashes and block
-        tables are held a window at a time (:attr:`FUSED_WINDOW_HASHES`)."""
+        a subclass may change an event), the cost model is exactly :class:`CostModel` (the
+        kernel evaluates its formula), the scheduler is vLLM's default (FCFS without
+        per-tenant limits: the loop compiles it) and the arrivals are the trace's own
+        (:class:`~prefixshield.simulator.arrivals.TraceArrivals`: the loop reads them up
+        front). The trace's length does not matter: the hashes and block tables are held a
+        window at a time (:attr:`FUSED_WINDOW_HASHES`)."""
         return (self.batched and self.fused and not self.scheduled_by_policy
-                and self._fused_policy() is not None
+                and type(self.arrivals) is TraceArrivals and self._fused_policy() is not None
                 and type(self.cost) is CostModel)
 
     def _fused_policy(self) -> str | None:
@@ -1251,7 +1252,7 @@ class Engine:
                                                   + self._state[r, bk.OUTPUT_DONE]))
         self.num_steps = int(ctl[fz.NUM_STEPS])
         self.num_events = int(ctl[fz.NUM_EVENTS])
-        self._next_arrival = int(ctl[fz.NEXT_ARRIVAL])
+        self.arrivals.next_row = int(ctl[fz.NEXT_ARRIVAL])
         pool.num_evicted_total += int(ctl[fz.NUM_EVICTED])
         k = int(ctl[fz.LAST_EVICTED_N])
         if k:

@@ -134,7 +134,7 @@ E_DONE = 5
 # ctl slots (int64).
 ESTATE = 0
 NEXT_ARRIVAL = 1
-"""Requests appended to the waiting queue so far (``Engine._next_arrival``)."""
+"""Requests appended to the waiting queue so far (``TraceArrivals.next_row``)."""
 EID = 2
 """SimPy's scheduling counter (only its order matters)."""
 EA = 3
