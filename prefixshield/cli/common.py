@@ -24,6 +24,12 @@ from rich.console import Console  # noqa: E402
 # SEED is re-exported: the command modules take their option types from here.
 from prefixshield.edges import MAX_WORKERS, SEED, count, finite  # noqa: E402,F401
 from prefixshield.edges import DEFAULT_AUTO_FRACTION, AutoBlocks  # noqa: E402
+# light: the defaults the options show are read from these dataclasses (written once there)
+from prefixshield.experiments.options import (CONTRACT_MODES, C_PREFILL_BASES,  # noqa: E402
+                                              DEFAULT_ALPHA, DEFAULT_PROFILE, RunOptions,
+                                              default_of, engine_config)
+from prefixshield.scheduling.config import SchedulerConfig  # noqa: E402
+from prefixshield.simulator.config import EngineConfig  # noqa: E402
 
 
 def _make_console() -> Console:
@@ -235,7 +241,8 @@ class _Blocks(click.ParamType):
 
 def _engine_options(fn):
     opts = [
-        click.option("--blocks", "num_blocks", type=_Blocks(), default="512",
+        click.option("--blocks", "num_blocks", type=_Blocks(),
+                     default=default_of(EngineConfig, "num_blocks"),
                      show_default=True,
                      help="KV blocks configured, null block included (usable = blocks - 1); "
                           "or, for a trace file, auto[:FRACTION]: FRACTION x the trace's "
@@ -243,16 +250,19 @@ def _engine_options(fn):
                           f"1 [FRACTION default: {DEFAULT_AUTO_FRACTION:g}], raised if needed "
                           "to the smallest pool in which every request can be admitted under "
                           "every policy given (the run prints how it sized the pool)."),
-        click.option("--block-size", type=POSITIVE, default=16, show_default=True,
-                     help="Tokens per KV block."),
+        click.option("--block-size", type=POSITIVE, default=default_of(EngineConfig, "block_size"),
+                     show_default=True, help="Tokens per KV block."),
         click.option("--compat", "vllm_compat", type=click.Choice(["0.10", "current"]),
-                     default="current", show_default=True,
+                     default=default_of(EngineConfig, "vllm_compat"), show_default=True,
                      help="vLLM free-queue/admission semantics to reproduce."),
-        click.option("--max-num-seqs", type=POSITIVE, default=256, show_default=True,
+        click.option("--max-num-seqs", type=POSITIVE,
+                     default=default_of(EngineConfig, "max_num_seqs"), show_default=True,
                      help="Most running requests per step."),
-        click.option("--max-num-batched-tokens", type=POSITIVE, default=8192, show_default=True,
+        click.option("--max-num-batched-tokens", type=POSITIVE,
+                     default=default_of(EngineConfig, "max_num_batched_tokens"),
+                     show_default=True,
                      help="Token budget per step (chunked prefill)."),
-        click.option("--profile", default="l4-qwen2.5-1.5b", show_default=True,
+        click.option("--profile", default=DEFAULT_PROFILE, show_default=True,
                      help="Cost-model profile: a shipped name (see `prefixshield profiles`) or "
                           "a .toml path."),
     ]
@@ -273,7 +283,8 @@ def _scheduler_options(fn):
                                                     tenant_limits), **kwargs)
 
     opts = [
-        click.option("--scheduler", default="fcfs", show_default=True, metavar="NAME",
+        click.option("--scheduler", default=default_of(SchedulerConfig, "name"),
+                     show_default=True, metavar="NAME",
                      help="Scheduling policy of the engine: fcfs (vLLM's default), priority "
                           "(vLLM's priority policy; see --priority), vtc (Virtual Token "
                           "Counter: the least-served waiting tenant first) or kvtc (VTC "
@@ -515,10 +526,50 @@ def _workload_options(fn):
     fn = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
                       help="Override a workload parameter (repeatable); e.g. "
                            "--set duration_s=30.")(fn)
-    return click.option("--alpha", type=ALPHA, default=0.6, show_default=True,
+    return click.option("--alpha", type=ALPHA, default=DEFAULT_ALPHA, show_default=True,
                         help="Nominal load: base arrival rate = alpha x C_prefill of the "
                              "profile.")(fn)
 
+
+
+def run_options(fn):
+    """Build a command's :class:`~prefixshield.experiments.options.RunOptions` once, from its
+    shared options, and hand it to the command as one ``opts`` argument.
+
+    Reads WORKLOAD and ``--policy``; the engine options (:func:`_engine_options`,
+    ``--check-invariants`` where the command has it); ``scheduler`` (:func:`_scheduler_options`);
+    ``fleet`` and ``executor_spec`` (:func:`_fleet_options`); ``--alpha`` and ``--set``
+    (:func:`_workload_options`); ``--seed`` (one seed) or ``--seeds N`` (0..N-1); and
+    ``--c-prefill-basis``, ``--contracts``, ``--scale-to-engine``. The command's other options
+    pass through. A bad WORKLOAD or ``--set`` is a ``click.BadParameter`` naming it; apply
+    under :func:`_user_errors` so that a bad value elsewhere (a profile) is one line too."""
+    @functools.wraps(fn)
+    def wrapper(*args, workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
+                max_num_batched_tokens, profile, scheduler, fleet, executor_spec, alpha,
+                overrides, c_prefill_basis, contracts_mode, scale_to_load, **kwargs):
+        with _loading():
+            from prefixshield.experiments import single  # noqa: F401  (what the run needs)
+            from prefixshield.simulator.costmodel import load_profile
+
+        check_invariants = kwargs.pop("check_invariants", False)
+        seeds = (kwargs.pop("seed"),) if "seed" in kwargs else tuple(range(kwargs.pop("seeds")))
+        typed = _workload_overrides(workload, overrides)
+        auto = num_blocks if isinstance(num_blocks, AutoBlocks) else None
+        # under auto the pool is sized from the trace later; the default stands in till then
+        engine = engine_config(num_blocks=None if auto else num_blocks, block_size=block_size,
+                               max_num_seqs=max_num_seqs,
+                               max_num_batched_tokens=max_num_batched_tokens,
+                               vllm_compat=vllm_compat, check_invariants=check_invariants,
+                               scheduler=scheduler)
+        every = any(part.strip() == "all" for v in policies for part in v.split(","))
+        opts = RunOptions(workload=workload, policies=_policy_names(policies), engine=engine,
+                          every_policy=every,
+                          auto_blocks=auto, profile=load_profile(profile), alpha=alpha,
+                          seeds=seeds, overrides=typed, fleet=fleet, executor=executor_spec,
+                          c_prefill_basis=c_prefill_basis, contracts=contracts_mode,
+                          scale_to_load=scale_to_load)
+        return fn(*args, opts=opts, **kwargs)
+    return wrapper
 
 
 class Stages:

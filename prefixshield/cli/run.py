@@ -10,25 +10,24 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from prefixshield.cli.common import (SEED, AutoBlocks, Stages, _engine_options, _fleet_options,
-                                     _load_numba_target, _loading, compile_note,
-                                     _policy_names, _scheduler_options,
-                                     _user_errors, _workload_options,
-                                     _workload_overrides, console, count, finite,
-                                     fleet_executor)
+from prefixshield.cli.common import (CONTRACT_MODES, C_PREFILL_BASES, SEED, Stages,
+                                     _engine_options, _fleet_options, _load_numba_target,
+                                     _loading, _scheduler_options, _user_errors,
+                                     _workload_options, compile_note, console, count, finite,
+                                     fleet_executor, run_options)
 from prefixshield.edges import MAX_SEEDS
 
 
 _C_PREFILL_BASIS = click.option(
-    "--c-prefill-basis", type=click.Choice(["reference", "capacity"]), default="reference",
+    "--c-prefill-basis", type=click.Choice(list(C_PREFILL_BASES)), default=C_PREFILL_BASES[0],
     show_default=True,
     help="Where C_prefill is measured: on the reference pool of 512 blocks, once per profile "
          "(the same arrival rates and attack at every --blocks), or on this run's own pool.")
 
 
 _CONTRACTS = click.option(
-    "--contracts", "contracts_mode", type=click.Choice(["reference", "fit"]), default="reference",
-    show_default=True,
+    "--contracts", "contracts_mode", type=click.Choice(list(CONTRACT_MODES)),
+    default=CONTRACT_MODES[0], show_default=True,
     help="The tiers' refill and burst: the reference's (64/40/16 blocks/s, sized for 511 "
          "blocks), or fit: each tier's refill = the mean creation rate of its groups under LRU "
          "on this trace and pool, burst = refill x the pool's turnover time (the trace is "
@@ -74,49 +73,43 @@ _SCALE_TO_ENGINE = click.option(
                    "lru, prefixshield, static_quota, s3fifo. Not written: trace.parquet, "
                    "groups.csv, the figure.")
 @_user_errors
-def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
-        max_num_batched_tokens, profile, scheduler, fleet, executor_spec, seed, alpha, overrides,
-        out_dir, plot, check_invariants, c_prefill_basis, contracts_mode, scale_to_load, stream):
+@run_options
+def run(opts, out_dir, plot, stream):
     """Simulate WORKLOAD under one or more policies and print a summary table.
 
     WORKLOAD is a generated workload name or a trace .parquet file (see `prefixshield trace`).
     """
     with _loading():
-        from prefixshield.experiments.single import (RunSpec, check_out_dir, is_trace_file,
+        from prefixshield.experiments.single import (check_out_dir, is_trace_file,
                                                      run_policies, write_outputs)
-        from prefixshield.simulator.costmodel import load_profile
 
         _load_numba_target()
 
-    typed = _workload_overrides(workload, overrides)
+    workload, seed, fleet = opts.workload, opts.seed, opts.fleet
     if out_dir:
         # before minutes of simulation, not after
         check_out_dir(out_dir, inputs=[workload] if is_trace_file(workload) else [])
-    names = _policy_names(policies)
-    if stream and isinstance(num_blocks, AutoBlocks):
+    if stream and opts.auto_blocks is not None:
         raise click.BadParameter("auto counts the unique blocks of the whole trace, which "
                                  "--stream never holds: give --blocks N", param_hint="--blocks")
-    engine, sizing = _engine(workload, names, num_blocks, block_size, max_num_seqs,
-                             max_num_batched_tokens, vllm_compat, scheduler, check_invariants)
-    spec = RunSpec(workload=workload, policies=names, engine=engine,
-                   profile=load_profile(profile), alpha=alpha, seed=seed, overrides=typed,
-                   scale_to_load=scale_to_load, c_prefill_basis=c_prefill_basis, fleet=fleet)
+    engine, sizing = _engine(opts)
+    spec = opts.spec(engine=engine)
     if stream:
-        _run_stream(spec, out_dir, contracts_mode)
+        _run_stream(spec, out_dir, opts.contracts)
         return
     # the C_prefill probe runs the engine: the first compilation may happen here
-    spec, trace, info = _checked_trace(spec, policies,
+    spec, trace, info = _checked_trace(spec, opts.every_policy,
                                        f"building the trace of {workload}{compile_note()}")
     names = spec.policies
     spec = _trace_priorities(spec, trace)
     _print_header(workload, trace, spec, info, sizing)
     if sizing:
         info = {**info, "blocks_sizing": sizing}  # config.json says how the pool was sized
-    if contracts_mode == "fit":
+    if opts.contracts == "fit":
         spec, info = _fit_contracts(trace, spec, info)
     timings: dict[str, float] = {}
     failures: dict[str, str] = {}
-    with Stages(total=len(names)) as stages, fleet_executor(executor_spec) as ex:
+    with Stages(total=len(names)) as stages, fleet_executor(opts.executor) as ex:
         note = [compile_note()]
         where = "" if fleet is None else f" on {fleet.replicas} replicas"
 
@@ -182,9 +175,8 @@ def run(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
 @click.option("--out", "out_csv", type=click.Path(dir_okay=False), default=None,
               help="Write per-run rows and the paired table as CSV (OUT and OUT.paired.csv).")
 @_user_errors
-def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
-            max_num_batched_tokens, profile, scheduler, fleet, executor_spec, seeds, alpha,
-            overrides, c_prefill_basis, contracts_mode, scale_to_load, out_csv):
+@run_options
+def compare(opts, out_csv):
     """Paired comparison of policies on WORKLOAD over several seeds.
 
     WORKLOAD is a generated workload or a trace .parquet file. Prints the mean hit ratio and
@@ -206,23 +198,15 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
         from prefixshield.experiments.analysis import fmt_ci
         from prefixshield.experiments.contract_fit import debt_warning
         from prefixshield.experiments.paired import paired_table, run_paired
-        from prefixshield.experiments.single import RunSpec, is_trace_file
+        from prefixshield.experiments.single import is_trace_file
         from prefixshield.experiments.tenant_view import results_tenant_frame
-        from prefixshield.simulator.costmodel import load_profile
 
-    if seeds < 1:
-        raise click.BadParameter("must be >= 1", param_hint="--seeds")
-    typed = _workload_overrides(workload, overrides)
-    names = _policy_names(policies)
-    engine, sizing = _engine(workload, names, num_blocks, block_size, max_num_seqs,
-                             max_num_batched_tokens, vllm_compat, scheduler)
+    workload, seeds, fleet = opts.workload, len(opts.seeds), opts.fleet
+    engine, sizing = _engine(opts)
     trace_file = is_trace_file(workload)
-    spec = RunSpec(workload=workload, policies=names, engine=engine,
-                   profile=load_profile(profile), alpha=alpha, overrides=typed,
-                   c_prefill_basis=c_prefill_basis, fleet=fleet, scale_to_load=scale_to_load,
-                   resample="sessions" if trace_file else None)
+    spec = opts.spec(engine=engine, seed=0, resample="sessions" if trace_file else None)
     spec, trace0, info0 = _checked_trace(
-        spec, policies, f"building seed 0's trace of {workload}{compile_note()}")
+        spec, opts.every_policy, f"building seed 0's trace of {workload}{compile_note()}")
     names = spec.policies
     _print_header(workload, trace0, spec, info0, sizing)
     if trace_file:
@@ -234,7 +218,7 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
                       "new one of the same shape (private content renamed, shared content "
                       f"kept); the tenant assignment is the file's. Seed 0: "
                       f"{b['sessions_drawn']:,} distinct sessions, {b['requests']:,} requests.")
-    fitted = _fit_contracts(trace0, spec, info0)[0].contracts if contracts_mode == "fit" \
+    fitted = _fit_contracts(trace0, spec, info0)[0].contracts if opts.contracts == "fit" \
         else None
     tenant_rows: list = []
     warnings: dict[int, str] = {}
@@ -245,7 +229,7 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
         if msg:
             warnings[seed] = msg
 
-    with Stages(total=seeds) as stages, fleet_executor(executor_spec) as ex:
+    with Stages(total=seeds) as stages, fleet_executor(opts.executor) as ex:
         t0 = [time.perf_counter()]
         where = "" if fleet is None else f" on {fleet.replicas} replicas"
         stages.stage(f"seed 0 of {seeds}: {len(names)} policies{where}{compile_note()}")
@@ -256,7 +240,7 @@ def compare(workload, policies, num_blocks, block_size, vllm_compat, max_num_seq
             if s + 1 < seeds:
                 stages.stage(f"seed {s + 1} of {seeds}: {len(names)} policies{where}")
 
-        runs = run_paired(spec, list(range(seeds)), on_seed=on_seed, contracts=fitted,
+        runs = run_paired(spec, list(opts.seeds), on_seed=on_seed, contracts=fitted,
                           executor=ex, on_results=guard)
     table_df = paired_table(runs, baseline=names[0],
                             metrics=("hit_ratio", "token_hit_ratio", "p95_ttft_s",
@@ -549,15 +533,14 @@ def _on_done(stages, timings: dict[str, float], describe):
     return done
 
 
-def _checked_trace(spec, policies: tuple[str, ...], stage: str):
+def _checked_trace(spec, every: bool, stage: str):
     """``(spec, trace, info)``: ``spec``'s trace built behind the stage line ``stage``, with
     only the policies under which its every request can be admitted (:func:`_admissible`;
-    ``policies`` as ``--policy`` gave them). A trace file is checked as read, before the
+    ``every``: ``--policy all`` was given). A trace file is checked as read, before the
     build's C_prefill probe simulates anything (its replicates and rescaling keep its requests'
     shapes); a generated workload once its trace is built for the pool."""
     from prefixshield.experiments.single import build_trace, is_trace_file
 
-    every = _selects_all(policies)
     with Stages() as stages:
         stages.stage(stage)
         if is_trace_file(spec.workload):
@@ -570,12 +553,6 @@ def _checked_trace(spec, policies: tuple[str, ...], stage: str):
             trace, info = build_trace(spec)
             spec = _admissible(trace, spec, spec.workload, every)
     return spec, trace, info
-
-
-def _selects_all(policies: tuple[str, ...]) -> bool:
-    """Whether ``--policy`` asked for ``all`` (then a policy that cannot serve the trace is left
-    out with a line, not refused: see :func:`_admissible`)."""
-    return any(part.strip() == "all" for v in policies for part in v.split(","))
 
 
 def _admissible(trace, spec, source: str, every: bool):
@@ -595,27 +572,21 @@ def _admissible(trace, spec, source: str, every: bool):
     return replace(spec, policies=tuple(p for p in spec.policies if p not in bad))
 
 
-def _engine(workload, policies, num_blocks, block_size, max_num_seqs, max_num_batched_tokens,
-            vllm_compat, scheduler, check_invariants=False):
-    """The run's ``EngineConfig`` and, for ``--blocks auto``, the line saying how the pool was
-    sized (:func:`prefixshield.experiments.sizing.resolve_auto`; None for a number)."""
-    from prefixshield.experiments.sizing import resolve_auto
-    from prefixshield.simulator.config import EngineConfig
-
-    placeholder = num_blocks if isinstance(num_blocks, int) else 512
-    engine = EngineConfig(num_blocks=placeholder, block_size=block_size,
-                          max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=max_num_batched_tokens, vllm_compat=vllm_compat,
-                          check_invariants=check_invariants, scheduler=scheduler)
-    if isinstance(num_blocks, int):
-        return engine, None
+def _engine(opts):
+    """The run's ``EngineConfig`` (``opts.engine``, or under ``--blocks auto`` the pool sized
+    from the trace) and, for ``--blocks auto``, the line saying how the pool was sized
+    (:func:`prefixshield.experiments.sizing.resolve_auto`; None for a number)."""
+    if opts.auto_blocks is None:
+        return opts.engine, None
     from prefixshield.experiments.single import is_trace_file
+    from prefixshield.experiments.sizing import resolve_auto
 
-    if not is_trace_file(workload):  # refused before the stage line (resolve_auto says why)
-        return resolve_auto(workload, engine, policies, num_blocks)
+    args = (opts.workload, opts.engine, opts.policies, opts.auto_blocks)
+    if not is_trace_file(opts.workload):  # refused before the stage line (resolve_auto says why)
+        return resolve_auto(*args)
     with Stages() as stages:
         stages.stage("sizing the pool from the trace (--blocks auto)")
-        return resolve_auto(workload, engine, policies, num_blocks)
+        return resolve_auto(*args)
 
 
 def _print_summary(results, timings, failures=None) -> None:

@@ -24,6 +24,7 @@ import pandas as pd
 from prefixshield import __version__
 from prefixshield.atomic import write_text, write_with
 from prefixshield.machine import physical_memory_bytes
+from prefixshield.experiments.options import C_PREFILL_BASES, DEFAULT_ALPHA
 from prefixshield.experiments.overrides import parse_policy_spec
 from prefixshield.policies import make_policy
 from prefixshield.simulator.capacity import C_PREFILL_REQUESTS, measure_c_prefill
@@ -41,8 +42,6 @@ REFERENCE_BLOCKS = 512
 """The reference configuration's pool (511 usable blocks), where ``C_prefill`` is measured."""
 RESAMPLES = (None, "sessions")
 """How a trace file's replicates are drawn (:attr:`RunSpec.resample`)."""
-C_PREFILL_BASES = ("reference", "capacity")
-"""Where ``C_prefill`` is measured (:attr:`RunSpec.c_prefill_basis`)."""
 
 
 @dataclass(frozen=True)
@@ -81,12 +80,12 @@ class RunSpec:
     policies: tuple[str, ...]
     engine: EngineConfig
     profile: Profile
-    alpha: float = 0.6
+    alpha: float = DEFAULT_ALPHA
     seed: int = 0
     overrides: dict[str, Any] = field(default_factory=dict)
     contracts: Mapping[str, Contract] | None = None
     scale_to_load: float | None = None
-    c_prefill_basis: str = "reference"
+    c_prefill_basis: str = C_PREFILL_BASES[0]
     fleet: Any = None
     resample: str | None = None
 
