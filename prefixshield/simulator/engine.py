@@ -285,12 +285,7 @@ class Engine:
         self.arrival_s = df["arrival_s"].to_numpy(np.float64)
         self.prefix_id = df["prefix_id"].to_numpy(np.int64)
         self.output_tokens = df["output_tokens"].to_numpy(np.int64)
-        try:
-            self.scheduler = make_scheduler(config.scheduler, self.groups, self.arrival_s,
-                                            self.group_id)
-        except ValueError as e:
-            raise EngineError(f"scheduler {config.scheduler.name}: {e}") from None
-        bind_capacity(self.scheduler, config, cost)
+        self.scheduler = self._new_scheduler(config, cost)
         # a gateway's max_tokens: a request decodes at most its group's cap
         self.output_tokens = capped_outputs(self.scheduler.limits, self.group_id,
                                             self.output_tokens)
@@ -343,6 +338,17 @@ class Engine:
         self.arrivals = TraceArrivals() if arrivals is None else arrivals
         self._new_run_state(policy)
 
+    def _new_scheduler(self, config: EngineConfig, cost: CostModel):
+        """This engine's own scheduler over its groups and arrivals, told the capacity it
+        wants (:func:`bind_capacity`); a bad scheduler configuration is an EngineError."""
+        try:
+            scheduler = make_scheduler(config.scheduler, self.groups, self.arrival_s,
+                                       self.group_id)
+        except ValueError as e:
+            raise EngineError(f"scheduler {config.scheduler.name}: {e}") from None
+        bind_capacity(scheduler, config, cost)
+        return scheduler
+
     def _share_rows(self, template: "Engine", trace: Trace, cost: CostModel,
                     config: EngineConfig, arrivals: ArrivalSource | None) -> None:
         """:meth:`__init__` with ``rows_of=template``: its per-request arrays and what else
@@ -353,12 +359,7 @@ class Engine:
         vars(self).update({k: getattr(template, k) for k in template._row_names
                            if k != "scheduler"})
         self._row_names = template._row_names
-        try:
-            self.scheduler = make_scheduler(config.scheduler, self.groups, self.arrival_s,
-                                            self.group_id)
-        except ValueError as e:
-            raise EngineError(f"scheduler {config.scheduler.name}: {e}") from None
-        bind_capacity(self.scheduler, config, cost)
+        self.scheduler = self._new_scheduler(config, cost)
         self.arrivals = TraceArrivals() if arrivals is None else arrivals
 
     @property
