@@ -2,19 +2,19 @@
 
 Values enter from CLI options (click types declared here), ``--set`` / ``--grid`` / spec fields
 and policy parameters (typed from their dataclass or constructor annotations by
-:mod:`prefixshield.experiments.overrides`, bounded here), importer options and names (experiment
+`prefixshield.experiments.overrides`, bounded here), importer options and names (experiment
 names, group names). Each is checked before any work is done or any file is written:
 
 * integers lie within C's int64 range and, unless a type declares otherwise, within
-  :data:`MAX_INT` (every count, length and limit of the simulator fits a C ``int``);
+  `MAX_INT` (every count, length and limit of the simulator fits a C ``int``);
 * floats are finite;
 * sizes that allocate are estimated before the allocation: requests of a trace
-  (:func:`check_requests`: rate x duration), cells of a store (seeds x points x policies,
-  :func:`check_cells`), points of a grid (:func:`check_points`);
-* names use :data:`NAME_ALPHABET` (they become folder names and figure labels: no ``/``, no
+  (`check_requests`: rate x duration), cells of a store (seeds x points x policies,
+  `check_cells`), points of a grid (`check_points`);
+* names use `NAME_ALPHABET` (they become folder names and figure labels: no ``/``, no
   ``..``, no matplotlib ``$...$``).
 
-A CLI option declares its bound by its click type: :func:`count` and :func:`finite` build them.
+A CLI option declares its bound by its click type: `count` and `finite` build them.
 ``tests/test_cli_fuzz.py`` walks the click group and fails on any integer or float option
 whose type has no upper bound, so an option added later is bounded from its first commit.
 """
@@ -56,7 +56,7 @@ infinite cache would hold, so that the replacement policy decides what stays."""
 @dataclass(frozen=True)
 class AutoBlocks:
     """``--blocks auto[:FRACTION]``: size the pool as ``fraction`` (0 < fraction <= 1) of the
-    trace's unique blocks (:mod:`prefixshield.experiments.sizing`)."""
+    trace's unique blocks ([`prefixshield.experiments.sizing`][prefixshield.experiments.sizing])."""
 
     fraction: float = DEFAULT_AUTO_FRACTION
 
@@ -71,7 +71,7 @@ class EdgeError(ValueError):
 
 # ------------------------------------------------------------------------------ click types
 class _FiniteFloat(click.FloatRange):
-    """:class:`click.FloatRange` that also refuses ``nan`` (which compares false with every
+    """`click.FloatRange` that also refuses ``nan`` (which compares false with every
     bound, so a plain range lets it through) and infinities."""
 
     name = "float range"
@@ -119,7 +119,7 @@ def unbounded_options(group: click.Command, path: str | None = None) -> list[str
 
 # ------------------------------------------------------------------------------ fields
 def check_int(value: int, where: str, lo: int = INT64_MIN, hi: int = MAX_INT) -> int:
-    """``value`` if it is an integer in ``[lo, hi]``, else :class:`EdgeError` naming ``where``."""
+    """``value`` if it is an integer in ``[lo, hi]``, else `EdgeError` naming ``where``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise EdgeError(f"{where}: expected an integer, got {value!r}")
     if not lo <= value <= hi:
@@ -128,14 +128,14 @@ def check_int(value: int, where: str, lo: int = INT64_MIN, hi: int = MAX_INT) ->
 
 
 def check_float(value: float, where: str) -> float:
-    """``value`` if it is a finite number, else :class:`EdgeError` naming ``where``."""
+    """``value`` if it is a finite number, else `EdgeError` naming ``where``."""
     if not math.isfinite(value):
         raise EdgeError(f"{where}: expected a finite number, got {value!r}")
     return value
 
 
 def check_name(text: Any, where: str) -> str:
-    """``text`` if it is a safe name (see :data:`NAME_ALPHABET`), else :class:`EdgeError`."""
+    """``text`` if it is a safe name (see `NAME_ALPHABET`), else `EdgeError`."""
     if not isinstance(text, str) or not _NAME_RE.fullmatch(text):
         raise EdgeError(f"{where} {text!r}: use {NAME_ALPHABET}")
     return text
@@ -150,7 +150,7 @@ def safe_label(text: str) -> str:
 # ------------------------------------------------------------------------------ sizes
 def check_requests(rate: float, span_s: float, what: str) -> None:
     """Refuse ``rate`` requests/s over ``span_s`` seconds when it asks for more than
-    :data:`MAX_REQUESTS` requests (checked before the arrival times are drawn)."""
+    `MAX_REQUESTS` requests (checked before the arrival times are drawn)."""
     n = rate * span_s
     if not n <= MAX_REQUESTS:  # also catches nan
         raise EdgeError(f"{what}: {rate:.3g} requests/s over {span_s:.3g} s is ~{n:.3g} "
@@ -165,7 +165,7 @@ def check_count(n: int, limit: int, what: str) -> None:
 
 
 def check_cells(n: int, what: str) -> None:
-    """Refuse a store of more than :data:`MAX_CELLS` cells."""
+    """Refuse a store of more than `MAX_CELLS` cells."""
     if n > MAX_CELLS:
         raise EdgeError(f"{what}: {n:,} cells (points x policies x seeds) is more than the "
                         f"{MAX_CELLS:,} one results store may hold; fewer seeds or points")
@@ -173,7 +173,7 @@ def check_cells(n: int, what: str) -> None:
 
 def check_points(sizes: list[int], what: str) -> None:
     """Refuse a grid whose axes (``sizes`` values each) expand to more than
-    :data:`MAX_POINTS` points, before the points are built."""
+    `MAX_POINTS` points, before the points are built."""
     n = math.prod(sizes)
     if n > MAX_POINTS:
         raise EdgeError(f"{what}: the grid has {n:,} points, more than the {MAX_POINTS:,} "

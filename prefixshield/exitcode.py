@@ -10,23 +10,23 @@ that holds a Python object -- the scan's ``arrow::py::PyReadableFile`` (the file
 had opened and handed to pyarrow) or a ``PyBuffer`` read from it -- whose destructor takes the
 GIL; a thread that asks for the GIL while the interpreter finalizes is ended by
 ``pthread_exit``, whose forced unwind through that ``noexcept`` destructor calls
-``std::terminate``. The cause is fixed where the files are read (:mod:`prefixshield.parquetfiles`:
-arrow opens them itself, so nothing it holds needs the GIL); :func:`leave` makes the program's
+``std::terminate``. The cause is fixed where the files are read (`prefixshield.parquetfiles`:
+arrow opens them itself, so nothing it holds needs the GIL); `leave` makes the program's
 exit deterministic besides, so that no native thread still at work when a command returns can
 turn its status into an abort.
 
-:func:`leave` does, in Python's own order, what the interpreter does at exit and matters to a
+`leave` does, in Python's own order, what the interpreter does at exit and matters to a
 command -- it waits for the non-daemon threads (and runs ``threading``'s exit hooks, which shut
 ``concurrent.futures`` executors down), runs every ``atexit`` handler (Ray's,
 ``multiprocessing``'s, ``logging.shutdown``, ``weakref.finalize``, a caller's own), flushes the
 standard streams -- and then ends the process with ``os._exit(status)``. What it skips is module
 teardown and the C/C++ exit handlers: nothing of a command's is written there (every file it
-writes is closed and renamed before the command returns, :mod:`prefixshield.atomic`), and the
+writes is closed and renamed before the command returns, `prefixshield.atomic`), and the
 objects' memory goes back to the operating system with the process. It also saves the teardown's
 collector passes over every object alive at exit (0.35-0.45 CPU-s of a ``prefixshield run``
 before the CLI froze them).
 
-Only the program calls it (:class:`prefixshield.cli.common._Program`); library use and in-process
+Only the program calls it (`prefixshield.cli.common._Program`); library use and in-process
 runners (``CliRunner``, pytest) leave the interpreter's exit as it is.
 """
 
@@ -94,7 +94,7 @@ def leave(status: int) -> NoReturn:
     Runs, in CPython's order, the thread shutdown, every ``atexit`` handler and the flush of the
     standard streams (see the module doc); then ``os._exit``. An ``atexit`` handler that raises
     is reported on stderr as Python reports it and does not stop the others; a failed flush
-    makes the status :data:`FLUSH_FAILED`, as it does in CPython. ``status`` beyond 0-255 is
+    makes the status `FLUSH_FAILED`, as it does in CPython. ``status`` beyond 0-255 is
     taken modulo 256, as the OS does.
     """
     try:

@@ -178,11 +178,11 @@ def policy_comparison(path, title: str, summaries: Mapping[str, Mapping[str, flo
     ``tenants``, a second row: each tenant's hit ratio and P95 TTFT under each policy.
 
     Args:
-        summaries: policy -> its run summary (:func:`prefixshield.simulator.metrics.summarize`:
+        summaries: policy -> its run summary (`prefixshield.simulator.metrics.summarize`:
             ``population``, ``hit_ratio``, ``p95_ttft_s``).
         occupancy: policy -> ``(times, blocks)``: the blocks ``focus_group`` held, a step
             function over simulated time.
-        tenants: a per-tenant frame (:func:`prefixshield.experiments.tenant_view.tenant_frame`:
+        tenants: a per-tenant frame (`prefixshield.experiments.tenant_view.tenant_frame`:
             ``policy``, ``group``, ``requests``, ``hit_ratio``, ``p95_ttft_s``), or None.
         max_tenants: the busiest tenants drawn (the title says how many are left out).
     """
@@ -218,7 +218,7 @@ def policy_comparison(path, title: str, summaries: Mapping[str, Mapping[str, flo
 
 
 def _tenant_bars(fig, grid, tenants, names, colors, max_tenants: int) -> None:
-    """The per-tenant row of :func:`policy_comparison`: grouped bars, one group per tenant
+    """The per-tenant row of `policy_comparison`: grouped bars, one group per tenant
     (the busiest ``max_tenants``), one bar per policy."""
     from prefixshield.experiments.tenant_view import by_tenant
 

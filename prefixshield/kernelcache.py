@@ -6,12 +6,12 @@ carries their compiled code in its cache entry, so after an edit of that other m
 upgrade that leaves the caller's file as it was) numba still loads the old machine code: the
 fused event loop's cached PrefixShield wrappers, compiled against an older layout of the
 policy's packed buffer, ran and wrote the wrong fields after a field was added to it. Hence one
-cache directory per digest of every kernel source file (:data:`KERNEL_SOURCES`): an edit of any
+cache directory per digest of every kernel source file (`KERNEL_SOURCES`): an edit of any
 of them starts a fresh directory, and nothing compiled against other sources is ever loaded.
 
 Location: ``$NUMBA_CACHE_DIR/kernels-<digest>`` where the user set ``NUMBA_CACHE_DIR``, else
-``<prefixshield's cache directory>/numba/kernels-<digest>`` (:func:`prefixshield.usercache.
-cache_dir`; writable where a read-only install's ``__pycache__`` is not). Where that directory
+``<prefixshield's cache directory>/numba/kernels-<digest>`` (`prefixshield.usercache.cache_dir`;
+writable where a read-only install's ``__pycache__`` is not). Where that directory
 cannot be written, numba falls back to its own locations by itself. Directories of older digests
 are left in place (about 6 MB each after a full test run).
 """
@@ -51,7 +51,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 
 def digest(package_dir: Path = PACKAGE_DIR) -> str:
-    """16 hex digits of SHA-256 over every :data:`KERNEL_SOURCES` file (name and bytes); a
+    """16 hex digits of SHA-256 over every `KERNEL_SOURCES` file (name and bytes); a
     missing file counts as empty."""
     h = hashlib.sha256()
     for rel in KERNEL_SOURCES:
@@ -81,7 +81,7 @@ def cache_path(environ=None, package_dir: Path = PACKAGE_DIR) -> Path:
 
 
 def configure() -> Path | None:
-    """Point numba's cache at :func:`cache_path` for this process and its children (through
+    """Point numba's cache at `cache_path` for this process and its children (through
     ``NUMBA_CACHE_DIR``; also numba's loaded config when numba is already imported) and return
     it; None, changing nothing, where no home directory can be found. Must run before the first
     kernel module is imported: numba picks a function's cache location when it decorates it."""

@@ -1,8 +1,8 @@
 """A name -> object registry whose entries live in modules imported on first look-up: the
 package's own, and those other installed packages declare in an entry-point group.
 
-The policies (:data:`prefixshield.policies.POLICIES`) and the workloads
-(:data:`prefixshield.workloads.WORKLOADS`) are registered this way: each registry is built from
+The policies (`prefixshield.policies.POLICIES`) and the workloads
+(`prefixshield.workloads.WORKLOADS`) are registered this way: each registry is built from
 one table, name -> the module that registers that name when imported, so a command that uses one
 policy and one workload does not import (and build the numba dispatchers and dataclasses of) all
 the others at start-up.

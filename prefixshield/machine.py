@@ -16,7 +16,7 @@ def physical_memory_bytes() -> int | None:
 
 
 START_ENV: dict[str, str] = {"OPENBLAS_THREAD_TIMEOUT": "4"}
-"""Environment the command line (:mod:`prefixshield.cli.common`) sets (unless the user already
+"""Environment the command line (`prefixshield.cli.common`) sets (unless the user already
 has) before anything loads numpy.
 
 OpenBLAS -- numpy's copy, and scipy's, which numba loads at start-up to probe for BLAS -- starts a

@@ -7,7 +7,7 @@ reference to that wrapper (or to a ``PyBuffer`` of bytes read through it) can be
 worker after ``read_table`` has returned; its destructor takes the GIL. Late enough -- the
 machine loaded, the command done, the interpreter finalizing -- the worker is ended by
 ``pthread_exit`` inside that ``noexcept`` destructor and the process aborts (SIGABRT, "terminate called without an active exception"; see
-:mod:`prefixshield.exitcode`). Given arrow's ``LocalFileSystem``, pandas passes the path on and
+`prefixshield.exitcode`). Given arrow's ``LocalFileSystem``, pandas passes the path on and
 arrow opens the file natively: nothing a worker holds then needs the interpreter.
 """
 

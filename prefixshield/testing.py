@@ -2,17 +2,17 @@
 operation, in vLLM's block pool.
 
 A policy is checked the way the package's own are (``tests/policies/``): a short pure-Python
-*reference* states what the policy decides, and :func:`run_twin` drives two block pools -- one
+*reference* states what the policy decides, and `run_twin` drives two block pools -- one
 over the policy, one over the reference -- through the same pool operations (allocations that
 reclaim cached blocks, materializations with repeated content keys, prefix hits that pin free
 and in-use blocks, releases in any order). After every operation it asserts the same victims,
 evicted blocks, free count and free order, and both pools' invariants
-(:meth:`~prefixshield.simulator.blockpool.BlockPool.check_invariants`: the policy's free set is
+(`check_invariants`: the policy's free set is
 exactly the blocks with no reference, the hash map agrees with the blocks, plus the policy's own
-:meth:`~prefixshield.policies.base.Policy.check_invariants`).
+[`check_invariants`][prefixshield.policies.base.Policy.check_invariants]).
 
 The operations are tuples ``(op, a, b, c)`` of non-negative ints: draw them with hypothesis, as
-the package's tests do, or with :func:`random_ops`. Example::
+the package's tests do, or with [`random_ops`][prefixshield.testing.random_ops]. Example::
 
     from prefixshield.testing import random_ops, run_twin
 
@@ -135,7 +135,7 @@ class Twin:
 
 
 def run_twin(fast, ref, num_blocks, ops, num_keys, work_conserving):
-    """Drive a :class:`Twin` through ``ops``, checking agreement after every one."""
+    """Drive a `Twin` through ``ops``, checking agreement after every one."""
     twin = Twin(fast, ref, num_blocks, num_keys, work_conserving)
     for t, (op, a, b, c) in enumerate(ops):
         twin.step(OPS[op], a, b, c, float(t))
@@ -144,7 +144,7 @@ def run_twin(fast, ref, num_blocks, ops, num_keys, work_conserving):
 
 
 def random_ops(seed: int, n: int = 200) -> list[tuple[int, int, int, int]]:
-    """``n`` operations for :func:`run_twin`, drawn from a seeded numpy generator."""
+    """``n`` operations for `run_twin`, drawn from a seeded numpy generator."""
     rng = np.random.default_rng(seed)
     ops = np.column_stack([rng.integers(0, 10, n), rng.integers(0, 2**16, (n, 3))])
     return [tuple(int(x) for x in row) for row in ops]

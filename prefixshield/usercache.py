@@ -5,7 +5,7 @@ else ``~/.cache/prefixshield`` (the XDG / platformdirs convention on Linux). One
 entry, ``<dir>/<namespace>/<sha256 of the key>.json``, holding the package version, the key
 itself and the value; an entry is used only if both its version and its key equal the caller's
 (a hash collision or an entry from another version is a miss). Writes are atomic
-(:mod:`prefixshield.atomic`). Every failure -- a missing, unreadable or read-only directory, a
+(`prefixshield.atomic`). Every failure -- a missing, unreadable or read-only directory, a
 corrupt or foreign file -- is a miss (or a skipped write), never an error: the caller measures
 instead.
 """

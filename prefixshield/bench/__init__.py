@@ -2,19 +2,19 @@
 
 Sections (one module each, in the order they run):
 
-* :mod:`~prefixshield.bench.engine`: simulated requests/s, batched vs step-by-step engine;
-* :mod:`~prefixshield.bench.schedulers`: simulated requests/s of each scheduler vs FCFS (fused);
-* :mod:`~prefixshield.bench.startup`: CPU seconds of a whole ``prefixshield run`` process vs the
+* `engine`: simulated requests/s, batched vs step-by-step engine;
+* `schedulers`: simulated requests/s of each scheduler vs FCFS (fused);
+* `startup`: CPU seconds of a whole ``prefixshield run`` process vs the
   import floor;
-* :mod:`~prefixshield.bench.keystream`: key-stream replay vs libCacheSim's C path;
-* :mod:`~prefixshield.bench.selector`: victim-selection latency vs LRU's call;
-* :mod:`~prefixshield.bench.state`: policy-state bytes per block vs LRU;
-* :mod:`~prefixshield.bench.pool`: the simulator's block pool vs vLLM's ``KVCacheManager``;
-* :mod:`~prefixshield.bench.plugin`: the vLLM plugin vs native vLLM per operation;
-* :mod:`~prefixshield.bench.scale`: engine time per request and pool memory per block, by size;
-* :mod:`~prefixshield.bench.traces`: building a generated trace vs simulating it under LRU, and
+* `keystream`: key-stream replay vs libCacheSim's C path;
+* `selector`: victim-selection latency vs LRU's call;
+* `state`: policy-state bytes per block vs LRU;
+* `pool`: the simulator's block pool vs vLLM's ``KVCacheManager``;
+* `plugin`: the vLLM plugin vs native vLLM per operation;
+* `scale`: engine time per request and pool memory per block, by size;
+* `traces`: building a generated trace vs simulating it under LRU, and
   the peak RSS of a long (8 x 10^6-request) run;
-* :mod:`~prefixshield.bench.fleet`: split and lockstep fleet runs (10^6 requests, 16 replicas)
+* `fleet`: split and lockstep fleet runs (10^6 requests, 16 replicas)
   vs one engine on the same trace, time per request and peak RSS.
 
 Each section exposes ``steps(quick) -> int`` (progress steps it announces) and
@@ -34,7 +34,7 @@ from prefixshield.bench.common import SectionResult
 
 SECTION_NAMES = ("engine", "schedulers", "startup", "keystream", "selector", "state", "pool",
                  "plugin", "scale", "traces", "fleet")
-"""Every section, in run order (module names under :mod:`prefixshield.bench`)."""
+"""Every section, in run order (module names under `prefixshield.bench`)."""
 
 
 def section_module(name: str):
@@ -62,11 +62,11 @@ def run_sections(names: Sequence[str], quick: bool,
                  on_section_start: Callable[[str, int], Callable[[str], None]] | None = None,
                  on_section_done: Callable[[SectionResult], None] | None = None
                  ) -> dict[str, Any]:
-    """Run the sections ``names`` in :data:`SECTION_NAMES` order; returns the JSON-able report
+    """Run the sections ``names`` in `SECTION_NAMES` order; returns the JSON-able report
     ``{"machine": ..., "quick": bool, "sections": {name: SectionResult.to_json()}}``.
 
     Args:
-        names: sections to run (each in :data:`SECTION_NAMES`).
+        names: sections to run (each in `SECTION_NAMES`).
         quick: the small variant of every section (a smoke run; the plugin section skips).
         on_section_start: called with (name, steps) before a section; returns its tick callback.
         on_section_done: called with each section's result as soon as it is measured.

@@ -18,7 +18,7 @@ Tick = Callable[[str], None]
 
 
 def no_progress(_description: str) -> None:
-    """A :data:`Tick` that shows nothing."""
+    """A `Tick` that shows nothing."""
 
 
 @dataclass

@@ -5,7 +5,7 @@ kernel code without a Python call around it.
 arm64): a monotonically increasing count, not serializing, so a reading may move a few
 instructions either way -- a bias of tens of cycles on a single short reading, none on a
 mean over many. Its unit is converted to nanoseconds by the caller, with the wall time of
-the same kernel call (:func:`ns_per_count`), so no frequency is assumed.
+the same kernel call (`ns_per_count`), so no frequency is assumed.
 """
 
 from __future__ import annotations

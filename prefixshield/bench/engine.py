@@ -8,7 +8,7 @@ step-by-step engine (``Engine(..., batched=False)``, the bit-identical oracle of
 step) run it, first once each as JIT warm-up and checked bit-identical, then interleaved, best
 of ``repeats``. The anchor of every row is the step-by-step path in the same run.
 
-The batched engine takes the fused event loop (:mod:`prefixshield.simulator.fused`, one numba
+The batched engine takes the fused event loop (`prefixshield.simulator.fused`, one numba
 kernel call per run) where it applies (all four policies with the linear cost model: LRU,
 PrefixShield, StaticQuota and S3-FIFO) and the per-step batched path otherwise; the ``batched
 path`` column says which.
@@ -57,7 +57,7 @@ def same_run(a, b) -> None:
 
 
 def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
-    """Measure every case of :func:`cases` (``quick``: 15 simulated seconds per trace instead of
+    """Measure every case of `cases` (``quick``: 15 simulated seconds per trace instead of
     the workloads' 60, LRU only, best of 1 instead of 5)."""
     from prefixshield.experiments.single import RunSpec, build_trace
     from prefixshield.policies import make_policy

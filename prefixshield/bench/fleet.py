@@ -1,17 +1,17 @@
 """Fleet: a fleet run's time and memory per request against one engine on the same trace.
 
-The scale section's cheap ``one_touch`` (:data:`~prefixshield.bench.scale.ENGINE_OVERRIDES`
-at :data:`~prefixshield.bench.scale.ENGINE_BLOCKS` blocks: 128-token prefixes, one output
-token), lengthened to about :data:`REQUESTS` (10^6) requests (``--quick``: a measured phase
-of :data:`QUICK_DURATION_S`, about 1,600 requests), under LRU. Rows, each in a fresh child
-process (its own peak RSS, ``VmHWM``: :func:`~prefixshield.bench.common.peak_rss`), each
+The scale section's cheap ``one_touch`` (`ENGINE_OVERRIDES`
+at `ENGINE_BLOCKS` blocks: 128-token prefixes, one output
+token), lengthened to about `REQUESTS` (10^6) requests (``--quick``: a measured phase
+of `QUICK_DURATION_S`, about 1,600 requests), under LRU. Rows, each in a fresh child
+process (its own peak RSS, ``VmHWM``: `peak_rss`), each
 building the same trace, loading its kernels on a small run first (untimed), then timing the
 run:
 
 * ``single engine`` (the anchor): ``Engine.run`` on the whole trace (the fused loop);
-* ``split round_robin``: :data:`REPLICAS` (16) replicas of that engine, each running its
+* ``split round_robin``: `REPLICAS` (16) replicas of that engine, each running its
   share as an ordinary engine, one after another in the process;
-* ``split round_robin, process``: the same on the process executor with :data:`WORKERS`
+* ``split round_robin, process``: the same on the process executor with `WORKERS`
   workers (the driver's peak RSS and, in ``detail``, the largest worker's ``VmHWM``);
 * ``lockstep least_loaded``: the replicas in one loop, the router reading their queues at
   every arrival (the per-step engine path: the fused loop needs every arrival up front).
@@ -19,7 +19,7 @@ run:
 Each row gives wall seconds of the run (``run_fleet`` or ``Engine.run``; the trace build is
 not timed), microseconds per request, its ratio to the single engine's (``vs single``), the
 process's CPU microseconds per request (the driver's only, on the process executor), and the
-peak RSS. A lockstep row that would pass :data:`LOCKSTEP_TIMEOUT_S` is abandoned and says
+peak RSS. A lockstep row that would pass `LOCKSTEP_TIMEOUT_S` is abandoned and says
 so (nothing is extrapolated). ``--quick`` runs the rows in this process (seconds; no RSS).
 No number is asserted.
 """
@@ -117,7 +117,7 @@ def measure(requests: int, replicas: int, mode: str | None, router: str | None,
 
 
 def _child(requests: int, replicas: int, mode, router, executor, timeout_s: float) -> dict:
-    """:func:`measure` in a child process (:func:`~prefixshield.bench.common.child_json`)."""
+    """`measure` in a child process (`child_json`)."""
     args = ", ".join(repr(a) for a in (requests, replicas, mode, router, executor))
     return child_json("import json; from prefixshield.bench.fleet import measure; "
                       f"print(json.dumps(measure({args})))", timeout_s)
@@ -137,7 +137,7 @@ def steps(quick: bool) -> int:
 
 
 def _row(part: str, replicas: int, m: dict, single_us: float | None) -> dict:
-    """A table row from :func:`measure`'s figures (or its error); ``single_us``: the single
+    """A table row from `measure`'s figures (or its error); ``single_us``: the single
     engine's us/request (None: this is that row, or it failed)."""
     if "error" in m:
         return {"part": part, "size": None, "replicas": replicas, "wall_s": None,

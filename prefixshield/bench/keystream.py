@@ -4,17 +4,17 @@ Traces (seeded): Zipf(1.0) over ``5 x capacity`` keys, and a scan mix (the same 
 sequential scans of never-seen keys spliced in, 30% of requests; the generator of the oracle
 tests) at 4,096 and 65,536 objects; 10M requests each (``--quick``: 20,000).
 
-* ours: :func:`prefixshield.simulator.cachedriver.replay_keys`, LRU and S3-FIFO with their
+* ours: `prefixshield.simulator.cachedriver.replay_keys`, LRU and S3-FIFO with their
   one-kernel batch replay; PrefixShield with 32 groups (request i belongs to group
   ``key % 32``, contract "critical") through its own one-kernel batch replay
-  (:meth:`~prefixshield.policies.prefixshield.PrefixShieldPolicy.replay_keys`, the generic
+  (`replay_keys`, the generic
   per-request loop's decisions, tested equal), on the same requests;
 * anchor: libCacheSim (``libcachesim`` package) ``LRU`` / ``S3FIFO``, ``process_trace`` over the
   same keys written as an oracleGeneral binary file (C from the first request to the last; the
   file is in the page cache), ``hashpower = floor(log2(capacity)) + 1``; PrefixShield's anchor is
   libCacheSim's LRU on the same requests. Equal hit counts are asserted for LRU and S3-FIFO.
 
-Each pair (ours, its anchor) is timed :data:`REPEATS` times, alternating, and the least wall time
+Each pair (ours, its anchor) is timed `REPEATS` times, alternating, and the least wall time
 of each is kept (``--quick``: once): a single shot of each on a shared machine measured the same
 code anywhere from 1.7x to 5.3x, depending on which side a burst of load fell.
 """

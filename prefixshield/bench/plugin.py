@@ -114,7 +114,7 @@ def replay_pool_calls(pool, log: list[tuple]) -> float:
 
 
 def replay_pool_call_times(pool, log: list[tuple]) -> np.ndarray:
-    """Replay ``log`` into ``pool`` as :func:`replay_pool_calls` does; returns each call's
+    """Replay ``log`` into ``pool`` as `replay_pool_calls` does; returns each call's
     nanoseconds (the plugin's requester assignment included, as in the whole replay)."""
     from prefixshield.live import plugin
 

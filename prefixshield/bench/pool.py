@@ -76,7 +76,7 @@ def run_vllm(prompts: list[list[int]], num_blocks: int, block_size: int, keep: i
 
 
 def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
-    """Time both pools on every case of :data:`CASES` (skipped under ``quick`` or without vLLM)."""
+    """Time both pools on every case of `CASES` (skipped under ``quick`` or without vLLM)."""
     res = SectionResult(
         "pool", f"block pool request lifecycle: ours (numba) vs vLLM KVCacheManager "
                 f"({NUM_REQUESTS:,} requests, same stream)",

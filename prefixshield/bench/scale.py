@@ -1,7 +1,7 @@
 """Scale: simulator time linear in the requests, block-pool memory linear in the blocks.
 
 1. *Requests* (rows ``engine``): the simulator's full engine
-   (:class:`~prefixshield.simulator.engine.Engine` on its default path: SimPy's event order,
+   ([`Engine`][prefixshield.simulator.engine.Engine] on its default path: SimPy's event order,
    scheduler, block pool, LRU, cost model) on a cheap generated workload, ``one_touch`` at
    4,096 blocks with one output token per request (``output_tokens=(1, 1)``, the prefill study)
    and 128-token prefixes plus 16-48-token suffixes (``prefix_tokens=128``, about 10 blocks a
@@ -12,20 +12,20 @@
    10^4, 10^5, 10^6 and 2 x 10^6 requests (the last: past 10^6, where a fixed bound on the
    fused loop's hashes once sent a run to the per-step path; ``--quick``: 10^3, 4 x 10^3,
    1.6 x 10^4). Timed: ``Engine.run``
-   (best of ``repeats`` runs, more while they add up to less than :data:`MIN_TIMED_S`), in wall
+   (best of ``repeats`` runs, more while they add up to less than `MIN_TIMED_S`), in wall
    seconds and in this thread's CPU seconds (user + system, least of the runs; the system part
    is also given apart): on a shared machine the wall time includes the waits for a core, which
    the CPU time does not. Each run starts after the previous run's engine and result are
    released, so that a run holds only its own memory. Trace building is reported apart, not
    timed.
 2. *Blocks* (rows ``pool + <policy>``): the simulator's
-   :class:`~prefixshield.simulator.blockpool.BlockPool` with LRU, and with PrefixShield, at
+   [`BlockPool`][prefixshield.simulator.blockpool.BlockPool] with LRU, and with PrefixShield, at
    2^14, 2^17 and 2^20 blocks (``--quick``: 2^10, 2^12, 2^14), *filled*: every usable block
    taken, cached under its own hash and freed again, so the hash map, the free order and the
    policy's per-block state are all at their fullest. Memory is counted two ways: bytes that
    ``tracemalloc`` traces from before the pool is built to after the fill (numpy buffers are
    traced; numba typed-dict entries are not), and the ``nbytes`` of every numpy array reachable
-   from the pool and its policy (:func:`prefixshield.experiments.overhead.state_bytes`). The
+   from the pool and its policy (`prefixshield.experiments.overhead.state_bytes`). The
    fill's wall time per block (best of 3 or more, the same rule; untraced) is reported too.
 
 Linearity: each row gives the per-unit figure (us per request, bytes per block) and the *step
@@ -33,7 +33,7 @@ slope* from the previous size, ``(cost - previous cost) / (size - previous size)
 one more request or block, free of fixed costs (start-up, the warm-up phase). Cost is linear in
 the size where the step slopes agree: each "slope ratio" column is a slope over the previous
 step's, and the verdict in the notes is "holds" when every such ratio is within 1 +-
-:data:`LINEAR_TOLERANCE`. The notes also give the least-squares line ``cost = a + b size``.
+`LINEAR_TOLERANCE`. The notes also give the least-squares line ``cost = a + b size``.
 Each part starts with an untimed warm-up (numba kernels loaded or compiled). No CPU number is
 asserted.
 """
@@ -64,7 +64,7 @@ PILOT_DURATION_S = 100.0
 LINEAR_TOLERANCE = 0.25
 MIN_TIMED_S = 1.0
 """A size is timed again (beyond ``repeats``) until its runs add up to this many seconds, at most
-:data:`MAX_REPEATS` times: a 0.02-0.3 s run timed twice on a shared machine moved by 2x between
+`MAX_REPEATS` times: a 0.02-0.3 s run timed twice on a shared machine moved by 2x between
 bench runs, more than the linearity verdict tolerates."""
 MAX_REPEATS = 10
 """Verdict band: linear when every step slope is within 1 +- this of the previous step's (the
@@ -107,7 +107,7 @@ def add_slopes(rows: list[dict], costs: list[float], slope_key: str, ratio_key: 
 
 
 def verdict(ratios: list[float], quick: bool = False) -> str:
-    """"holds" when every step-slope ratio is within 1 +- :data:`LINEAR_TOLERANCE`."""
+    """"holds" when every step-slope ratio is within 1 +- `LINEAR_TOLERANCE`."""
     if quick:
         return "not judged under --quick (milliseconds of work)"
     if not ratios:
@@ -209,7 +209,7 @@ def fill_pool(pool, now: float = 0.0) -> None:
 
 def pool_row(num_blocks: int, policy_name: str, repeats: int = 1) -> dict:
     """Build and fill one pool: the fill's wall seconds (best of ``repeats`` runs or more, until
-    they add up to :data:`MIN_TIMED_S`; untraced), then
+    they add up to `MIN_TIMED_S`; untraced), then
     one more build and fill under ``tracemalloc`` for its traced bytes and array bytes."""
     from prefixshield.experiments.overhead import CONTRACTS, state_bytes
     from prefixshield.policies import make_policy

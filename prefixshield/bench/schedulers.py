@@ -2,7 +2,7 @@
 the fused loop), ``fcfs`` with per-tenant limits, ``priority`` and ``vtc``.
 
 Schedulers other than plain FCFS, and any per-tenant limit, run on the per-step batched path
-(the scheduler orders, admits and preempts there; see :mod:`prefixshield.scheduling`); the
+(the scheduler orders, admits and preempts there; see `prefixshield.scheduling`); the
 fused loop compiles vLLM's FCFS only. The anchor of
 every row is the default engine (FCFS, fused loop) on the same trace in the same run;
 ``slowdown`` is its wall time over the anchor's. LRU; traces built once, not timed; JIT warm-up

@@ -1,8 +1,8 @@
 """Victim selection latency: PrefixShield's ``select_victims(1)`` on a full pool.
 
-The method of :func:`prefixshield.experiments.overhead.measure_overhead` (the overhead table of
+The method of `prefixshield.experiments.overhead.measure_overhead` (the overhead table of
 ``prefixshield reproduce``), with its seeded multi-group request stream
-(:class:`~prefixshield.experiments.overhead.RequestStream`): requests fill the pool until no
+(`RequestStream`): requests fill the pool until no
 truly free block is left, then as many again; then every timed round is one reclamation
 (``select_victims(1)``, the whole Python call: wrapper, numba dispatch, kernel), the requester
 materializing and releasing the block untimed. (``measure_overhead`` itself fills until
@@ -15,10 +15,10 @@ two, 200 rounds instead of 2,000).
 Anchor, same run, same pool size: LRU's ``select_victims(1)`` (vLLM's free-queue head as a
 policy call) -- the floor of a Python call into a numba kernel on this machine.
 
-The same rounds are also timed *inside one kernel* (:func:`_ps_rounds`, :func:`_lru_rounds`),
+The same rounds are also timed *inside one kernel* (`_ps_rounds`, `_lru_rounds`),
 as the fused event loop and the key-stream replay run them: the policy's selection kernel
 called from compiled code, each call timed by the cycle counter
-(:mod:`prefixshield.bench.cycles`; counts converted to ns with the wall time of the same kernel
+(`prefixshield.bench.cycles`; counts converted to ns with the wall time of the same kernel
 call), the requester's materialize and release between rounds untimed. This is the cost of the
 selection itself; the Python call above adds the wrapper and numba's dispatch (the plugin's
 path).
@@ -102,7 +102,7 @@ def lru_kernel_select_us(num_blocks: int, rounds: int) -> np.ndarray:
 @njit(cache=True)
 def _ps_rounds(st, groups, contracts, prefix_ids, times, counts):
     """One PrefixShield selection of one block per round, as the fused loop makes it
-    (:func:`~prefixshield.policies.kernels.prefixshield_kernels.select` on the packed buffer,
+    (`select` on the packed buffer,
     which advances the clock), then the requester materializes and releases the block;
     ``counts[i]``: cycle counts of selection i. Returns the counts of the whole loop, or -1 if
     a selection or materialization failed."""
@@ -196,7 +196,7 @@ def trimmed_mean(us: np.ndarray) -> float:
 
 
 def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
-    """Measure every size of :func:`sizes`."""
+    """Measure every size of `sizes`."""
     rounds = 200 if quick else 2000
     res = SectionResult(
         "selector", f"victim selection latency, one block from a full pool (us, {rounds:,} "

@@ -8,13 +8,13 @@ an interpreter that does nothing (``python -c pass``) and one that only imports 
 packages the run path cannot do without (numpy, pandas, numba, simpy, click, rich) and loads
 numba's CPU target (which imports ``scipy.linalg`` to probe BLAS), loading and exiting the way
 the CLI does (the collector paused while these load and their objects frozen after,
-:func:`prefixshield.cli.common._loading`; the exit handlers run, then ``os._exit`` before the
-interpreter's teardown, :func:`prefixshield.exitcode.leave`)
+`prefixshield.cli.common._loading`; the exit handlers run, then ``os._exit`` before the
+interpreter's teardown, `prefixshield.exitcode.leave`)
 -- the floor our own code sits on; and the same imports with Python's default collector and
 exit, whose collections the CLI skips.
 
 Every child gets the environment the command line sets for itself
-(:data:`prefixshield.machine.START_ENV`, so the floor is what the run cannot avoid) and runs without
+(`prefixshield.machine.START_ENV`, so the floor is what the run cannot avoid) and runs without
 ``PYTHONDONTWRITEBYTECODE``: a user's interpreter writes its bytecode cache on the first run like
 the other caches, while with the variable set every run recompiles our ~60 modules (~0.1 CPU-s,
 reported in the notes when the variable was dropped).
@@ -42,7 +42,7 @@ RUN_IMPORTS = "import numpy, pandas, numba, simpy\n"
 
 FLOOR_TARGET = "from numba.core.registry import cpu_target\ncpu_target.target_context.refresh()\n"
 """numba's CPU target registries, loaded by the first kernel call (from its cache), or by ``run``
-before it (:func:`prefixshield.cli.common._load_numba_target`)."""
+before it (`prefixshield.cli.common._load_numba_target`)."""
 
 FLOOR_CODE = CLI_IMPORTS + RUN_IMPORTS + FLOOR_TARGET
 """The imports of the floor, as Python does them by default."""
@@ -50,10 +50,10 @@ FLOOR_CODE = CLI_IMPORTS + RUN_IMPORTS + FLOOR_TARGET
 FLOOR_LOAD = (CLI_IMPORTS + "import gc\ngc.disable()\n" + RUN_IMPORTS + FLOOR_TARGET
               + "gc.freeze()\ngc.enable()\n")
 """The floor as the command line loads it: the run's imports and numba's CPU target with the
-collector paused and what they built frozen after (:func:`prefixshield.cli.common._loading`)."""
+collector paused and what they built frozen after (`prefixshield.cli.common._loading`)."""
 
 FLOOR_EXIT = "import atexit, os, sys\natexit._run_exitfuncs()\nsys.stdout.flush()\nos._exit(0)\n"
-"""The CLI's exit (:func:`prefixshield.exitcode.leave`), after the floor's imports: the exit
+"""The CLI's exit (`prefixshield.exitcode.leave`), after the floor's imports: the exit
 handlers run and the streams flushed, then no module teardown and none of its collections."""
 
 FLOOR_LABEL = "import floor (numpy, pandas, numba + CPU target, simpy, click, rich)"
@@ -87,7 +87,7 @@ def child_times(argv: list[str], env: dict[str, str] | None = None) -> tuple[flo
 
 def child_env(base: dict[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
     """The children's environment: ``base`` (default ``os.environ``) with the CLI's
-    :data:`~prefixshield.machine.START_ENV` where unset and without ``PYTHONDONTWRITEBYTECODE``
+    `START_ENV` where unset and without ``PYTHONDONTWRITEBYTECODE``
     (module docstring); also the names of the variables dropped."""
     from prefixshield.machine import START_ENV
 

@@ -1,6 +1,6 @@
 """Policy-state bytes per block of every registered policy.
 
-Counted with :func:`prefixshield.experiments.overhead.state_bytes`: the bytes of every numpy
+Counted with `prefixshield.experiments.overhead.state_bytes`: the bytes of every numpy
 array a freshly built policy holds after ``bind_tenants`` (its struct-of-arrays state is
 allocated up front, so a full pool holds the same arrays), divided by the configured blocks;
 PrefixShield's debt-over-time series is an observability buffer and is left out (as in the

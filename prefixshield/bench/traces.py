@@ -1,25 +1,25 @@
 """Traces: building a generated trace against simulating it, and the memory of a long run.
 
 1. *Build vs simulate* (rows ``build`` and ``simulate + lru``): the scale section's cheap
-   ``one_touch`` (:data:`~prefixshield.bench.scale.ENGINE_OVERRIDES` at
-   :data:`~prefixshield.bench.scale.ENGINE_BLOCKS` blocks: 128-token prefixes, one output
+   ``one_touch`` (`ENGINE_OVERRIDES` at
+   `ENGINE_BLOCKS` blocks: 128-token prefixes, one output
    token) lengthened until it holds about 10^4, 10^5 and 10^6 requests (``--quick``: 10^3,
    4 x 10^3, 1.6 x 10^4). ``build``: wall seconds of
-   :func:`~prefixshield.experiments.single.build_trace` (the generator, the validated
-   :class:`~prefixshield.traces.schema.Trace`, the scheduler check), best of ``repeats``;
+   [`build_trace`][prefixshield.experiments.single.build_trace] (the generator, the validated
+   [`Trace`][prefixshield.traces.schema.Trace], the scheduler check), best of ``repeats``;
    ``simulate + lru``: wall seconds of ``Engine.run`` under LRU on that trace (the fused
    loop; best of ``repeats``), the single-engine figure of the same run. Each row gives
    microseconds per request and the build row its ratio to the simulation (``build /
    simulate``: at most 1 is the goal "building is no slower than simulating"). The engine's
    construction (per-request arrays from the trace) is reported apart, in ``detail``.
 2. *Long runs* (rows ``long run``): one child process per row generates a long trace of the
-   same workload at load :data:`LONG_ALPHA` and simulates it under LRU, reporting its peak
+   same workload at load `LONG_ALPHA` and simulates it under LRU, reporting its peak
    resident set size (the child's own ``VmHWM``, see
-   :func:`~prefixshield.bench.common.peak_rss`) at the start, after the build and after the
+   `peak_rss`) at the start, after the build and after the
    run, and the wall times. Rows ``long run, streamed`` at
-   :data:`LONG_SIZES` (10^6 and 10^7 requests; ``--quick``: :data:`QUICK_LONG_SIZES`, and no
+   `LONG_SIZES` (10^6 and 10^7 requests; ``--quick``: `QUICK_LONG_SIZES`, and no
    unstreamed row): the trace generated a window of time at a time and run by
-   :class:`~prefixshield.simulator.stream.StreamedRun` (records and series written to a
+   `StreamedRun` (records and series written to a
    temporary folder as the run goes; its build is only the stream's setup, the
    windows are drawn inside the run), then the summary from the files, whose peak is given
    apart (it holds one column of the judged population whole). Equal peaks at both sizes are
@@ -142,15 +142,15 @@ def build_rows(sizes, repeats: int, tick: Tick) -> list[dict]:
 
 
 def long_run(requests: int, streamed: bool = True) -> dict:
-    """Simulate a trace of about ``requests`` requests (load :data:`LONG_ALPHA`) under LRU in
+    """Simulate a trace of about ``requests`` requests (load `LONG_ALPHA`) under LRU in
     this process; returns the
     wall times and the peak RSS (bytes) at the start, after the build and after the run (run
     it in a fresh process: the peak is the process's own).
 
     ``streamed``: the trace generated a window of time at a time and run by
-    :class:`~prefixshield.simulator.stream.StreamedRun` into a temporary folder (records and
+    `StreamedRun` into a temporary folder (records and
     series written as the run goes), then its summary from the files
-    (:func:`~prefixshield.simulator.stream.summarize_files`, its peak reported apart: it reads
+    (`summarize_files`, its peak reported apart: it reads
     one column of the judged population whole); else the whole trace built in memory and
     ``Engine.run``."""
     import shutil
@@ -203,7 +203,7 @@ def long_run(requests: int, streamed: bool = True) -> dict:
 
 
 def long_row(requests: int, streamed: bool = True) -> dict:
-    """A ``long run`` row: :func:`long_run` in a child process (its own peak RSS)."""
+    """A ``long run`` row: `long_run` in a child process (its own peak RSS)."""
     code = ("import json, sys; from prefixshield.bench.traces import long_run; "
             f"print(json.dumps(long_run({int(requests)}, {bool(streamed)})))")
     part = "long run, streamed" if streamed else "long run"

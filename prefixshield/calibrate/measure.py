@@ -166,7 +166,7 @@ def measure_step_times(model_dir: str | None = None, block_size: int = 32,
         grid: the measurement grid.
         dtype: model dtype for vLLM ("auto", "float32", "bfloat16").
         progress: optional callable ``progress(done, total)``.
-        live: measure on this :class:`~prefixshield.live.engine.LiveEngine` (left open, its
+        live: measure on this [`LiveEngine`][prefixshield.live.engine.LiveEngine] (left open, its
             prefix cache holding the calibration's blocks until the next replay resets it)
             instead of starting one; its own engine settings then apply.
     """

@@ -1,12 +1,12 @@
-"""Command line: ``prefixshield run | compare | profiles`` (:mod:`.run`), ``trace ...``
-(:mod:`.trace`), ``calibrate | make-model | validate | validate-matrix`` (:mod:`.live`),
-``sweep | reproduce | report | regress`` (:mod:`.experiments`), ``attack-search``
-(:mod:`.attack`) and ``bench`` (:mod:`.bench`), all on the group :func:`main`.
+"""Command line: ``prefixshield run | compare | profiles`` (`run`), ``trace ...``
+(`trace`), ``calibrate | make-model | validate | validate-matrix`` (`live`),
+``sweep | reproduce | report | regress`` (`experiments`), ``attack-search``
+(`attack`) and ``bench`` (`bench`), all on the group `main`.
 
 The CLI parses options, calls the library and prints; it holds no simulation logic. Every user
 error (unknown name, bad value, unreadable file) ends with one ``Error:`` line and exit code 1 or 2,
 never a traceback. What the commands share (console, error handling, option parsing) is in
-:mod:`.common`, which imports none of them.
+`common`, which imports none of them.
 """
 
 from __future__ import annotations

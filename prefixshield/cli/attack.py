@@ -1,7 +1,7 @@
 """Command line: ``prefixshield attack-search`` (registered on the group by
-:mod:`prefixshield.cli`).
+`prefixshield.cli`).
 
-Parses options, calls :mod:`prefixshield.experiments.attack_search` and prints; no search logic
+Parses options, calls `prefixshield.experiments.attack_search` and prints; no search logic
 lives here.
 """
 
@@ -263,7 +263,7 @@ def attack_search(policies, budget_items, scheduler, tenant_limits, replicas, ro
 
 
 class _Preview:
-    """The config and resolved budget in the shape :func:`header_lines` reads."""
+    """The config and resolved budget in the shape `header_lines` reads."""
 
     def __init__(self, config, resolved) -> None:
         self.config, self.resolved = config, resolved

@@ -1,6 +1,6 @@
-"""``prefixshield bench``: the speed figures of :mod:`prefixshield.bench`, one table per section.
+"""``prefixshield bench``: the speed figures of `prefixshield.bench`, one table per section.
 
-Added to the main group by :mod:`prefixshield.cli`.
+Added to the main group by `prefixshield.cli`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What every command of the command line shares: the console, the error handling, the policy
 and workload option parsing, and how a command loads its modules.
 
-The command modules (:mod:`.run`, :mod:`.trace`, :mod:`.live`, :mod:`.experiments`,
-:mod:`.attack`, :mod:`.bench`) import this module; it imports none of them.
+The command modules (`run`, `trace`, `live`, `experiments`,
+`attack`, `bench`) import this module; it imports none of them.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def _make_console() -> Console:
 console = _make_console()
 
 POSITIVE = count(1)
-"""A positive integer option (at most :data:`prefixshield.edges.MAX_INT`)."""
+"""A positive integer option (at most `prefixshield.edges.MAX_INT`)."""
 ALPHA = finite(0, 100, min_open=True)
 """Nominal load: > 0 and at most 100 x C_prefill (a rate the simulator can still hold)."""
 WORKERS = count(1, MAX_WORKERS)
@@ -130,7 +130,7 @@ def _refuse_option_keys(overrides: tuple[str, ...]) -> None:
     ``blocks``/``num_blocks``, ``block_size``, ``alpha``, ``tenant_max_*``; in attack-search
     also ``replicas``, ``router``, ``router_key``, ``scheduler``; and any option added later):
     the trace would be built for another setup than the header, the engine and ``config.json``
-    record. Driven by the command's declared click options (and :data:`_OPTION_ALIASES`), not
+    record. Driven by the command's declared click options (and `_OPTION_ALIASES`), not
     by a list; the ``click.BadParameter`` names the option and its metavar."""
     ctx = click.get_current_context(silent=True)
     if ctx is None:
@@ -160,16 +160,16 @@ def _workload_names() -> str:
 class _Program(click.Group):
     """The top-level group. Called as the program -- the console script and ``python -m
     prefixshield`` call ``main()`` -- it runs the command and ends the process with the
-    command's own status through :func:`prefixshield.exitcode.leave`: threads joined, every
+    command's own status through `prefixshield.exitcode.leave`: threads joined, every
     ``atexit`` handler run and the standard streams flushed, then ``os._exit`` before the
     interpreter's teardown, where a native thread still finishing its work could abort a command
     that had succeeded (exit 134). Called with ``standalone_mode=False`` it returns, or raises,
-    as any click group does, and :class:`click.testing.CliRunner` (which calls ``main.main()``)
+    as any click group does, and `click.testing.CliRunner` (which calls ``main.main()``)
     is not touched at all.
     """
 
     running = False
-    """Set once the program runs: :func:`_loading` pauses the collector only then."""
+    """Set once the program runs: `_loading` pauses the collector only then."""
 
     def __call__(self, *args, **kwargs):
         _Program.running = True
@@ -195,7 +195,7 @@ def _loading():
     loaded (twice over all of them), ~0.1 CPU-s, to find ~800 objects of garbage. Paused while
     they load and moved out of the collector's reach after (``gc.freeze()``), they cost no
     collection; what a command builds later is collected as usual. Only as the program (see
-    :class:`_Program`); in-process callers such as CliRunner keep their collector as it is.
+    `_Program`); in-process callers such as CliRunner keep their collector as it is.
     """
     if not (_Program.running and gc.isenabled()):
         yield
@@ -211,7 +211,7 @@ def _loading():
 def _load_numba_target() -> None:
     """Load numba's CPU target, as a command's first kernel call (compiled or from the cache)
     would: its registries and the ``scipy.linalg`` it imports to probe BLAS are ~56,000 objects
-    more, loaded here under :func:`_loading` (~110 collections fewer in `prefixshield run`)."""
+    more, loaded here under `_loading` (~110 collections fewer in `prefixshield run`)."""
     from numba.core.registry import cpu_target
 
     cpu_target.target_context.refresh()
@@ -219,8 +219,8 @@ def _load_numba_target() -> None:
 
 
 class _Blocks(click.ParamType):
-    """``--blocks``: an integer >= 2 (:data:`prefixshield.edges.MAX_INT` at most), or
-    ``auto[:FRACTION]`` (a :class:`prefixshield.experiments.sizing.AutoBlocks`, sized from the
+    """``--blocks``: an integer >= 2 (`prefixshield.edges.MAX_INT` at most), or
+    ``auto[:FRACTION]`` (a `prefixshield.experiments.sizing.AutoBlocks`, sized from the
     trace file when it is read)."""
 
     name = "N|auto[:F]"
@@ -274,7 +274,7 @@ def _engine_options(fn):
 def _scheduler_options(fn):
     """``--scheduler``, ``--priority``, ``--vtc-weights``, ``--tenant-limit``: the engine's
     scheduling policy and per-tenant limits, handed to the command as one ``scheduler``
-    argument (a :class:`~prefixshield.scheduling.SchedulerConfig`). Bad values are a one-line
+    argument (a `SchedulerConfig`). Bad values are a one-line
     error naming the option before any work; a group the trace does not have is one when the
     trace is built."""
     @functools.wraps(fn)
@@ -309,7 +309,7 @@ def _scheduler_options(fn):
 
 
 EXECUTOR_NAMES = ("process", "inprocess", "ray")
-"""The ``--executor`` choices (:data:`prefixshield.experiments.executors.EXECUTORS`, not
+"""The ``--executor`` choices (`prefixshield.experiments.executors.EXECUTORS`, not
 imported here: the CLI's start stays light)."""
 
 
@@ -336,7 +336,7 @@ def executor_options(default: str, what: str):
 
 @contextlib.contextmanager
 def fleet_executor(spec):
-    """The executor of ``spec`` (``(name, workers, address)`` from :func:`_fleet_options`, or
+    """The executor of ``spec`` (``(name, workers, address)`` from `_fleet_options`, or
     None: yields None, replicas run here), closed on leaving."""
     if spec is None:
         yield None
@@ -354,10 +354,10 @@ def _fleet_options(fn):
     """``--replicas``, ``--router``, ``--router-imbalance``, ``--router-match``,
     ``--router-key``, ``--fleet-mode``, ``--ledger``, ``--ledger-staleness``: a fleet of
     engines behind a router (and where PrefixShield's ledger lives), handed to the command as
-    one ``fleet`` argument (a :class:`~prefixshield.fleet.config.FleetConfig`, or
+    one ``fleet`` argument (a `FleetConfig`, or
     None without ``--replicas``); and ``--executor``, ``--workers``, ``--address``: where a
     split fleet's replicas run, handed as ``executor_spec`` (``(name, workers, address)``
-    for :func:`fleet_executor`, or None: in this process). Bad values are a one-line error
+    for `fleet_executor`, or None: in this process). Bad values are a one-line error
     naming the option before any work."""
     from prefixshield.fleet.config import MAX_REPLICAS, MODES
     from prefixshield.fleet.ledger import LEDGERS, MAX_STALENESS_S
@@ -435,7 +435,7 @@ def _fleet_executor_spec(fleet, executor, workers, address):
 
 
 def _fleet_config(replicas, router, imbalance, match, key, mode, ledger=None, staleness=None):
-    """The options of :func:`_fleet_options` -> a ``FleetConfig`` or None; a bad value is a
+    """The options of `_fleet_options` -> a ``FleetConfig`` or None; a bad value is a
     ``click.BadParameter`` naming its option."""
     from prefixshield.fleet.config import FleetConfig
     from prefixshield.fleet.routers.base import ROUTERS, RouterConfig
@@ -476,7 +476,7 @@ def _fleet_config(replicas, router, imbalance, match, key, mode, ledger=None, st
 
 def _scheduler_config(name: str, priorities: tuple[str, ...], vtc_weights: str | None,
                       tenant_limits: tuple[str, ...]):
-    """The options of :func:`_scheduler_options` -> a ``SchedulerConfig``; a bad value is a
+    """The options of `_scheduler_options` -> a ``SchedulerConfig``; a bad value is a
     ``click.BadParameter`` naming its option."""
     from prefixshield.scheduling import (SCHEDULERS, SchedulerConfig, limits_from_items,
                                          parse_limit, parse_priority)
@@ -533,16 +533,16 @@ def _workload_options(fn):
 
 
 def run_options(fn):
-    """Build a command's :class:`~prefixshield.experiments.options.RunOptions` once, from its
+    """Build a command's [`RunOptions`][prefixshield.experiments.options.RunOptions] once, from its
     shared options, and hand it to the command as one ``opts`` argument.
 
-    Reads WORKLOAD and ``--policy``; the engine options (:func:`_engine_options`,
-    ``--check-invariants`` where the command has it); ``scheduler`` (:func:`_scheduler_options`);
-    ``fleet`` and ``executor_spec`` (:func:`_fleet_options`); ``--alpha`` and ``--set``
-    (:func:`_workload_options`); ``--seed`` (one seed) or ``--seeds N`` (0..N-1); and
+    Reads WORKLOAD and ``--policy``; the engine options (`_engine_options`,
+    ``--check-invariants`` where the command has it); ``scheduler`` (`_scheduler_options`);
+    ``fleet`` and ``executor_spec`` (`_fleet_options`); ``--alpha`` and ``--set``
+    (`_workload_options`); ``--seed`` (one seed) or ``--seeds N`` (0..N-1); and
     ``--c-prefill-basis``, ``--contracts``, ``--scale-to-engine``. The command's other options
     pass through. A bad WORKLOAD or ``--set`` is a ``click.BadParameter`` naming it; apply
-    under :func:`_user_errors` so that a bad value elsewhere (a profile) is one line too."""
+    under `_user_errors` so that a bad value elsewhere (a profile) is one line too."""
     @functools.wraps(fn)
     def wrapper(*args, workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
                 max_num_batched_tokens, profile, scheduler, fleet, executor_spec, alpha,
@@ -577,7 +577,7 @@ class Stages:
     stage, a bar over the steps and the elapsed time); otherwise (a log, a pipe, a test) one
     line per stage as it starts, and one when a step ends.
 
-    Use as a context manager; :meth:`stage` starts a stage, :meth:`done` ends one of the
+    Use as a context manager; `stage` starts a stage, `done` ends one of the
     ``total`` steps the bar counts, with a line saying what it did."""
 
     def __init__(self, total: int = 0, out: Console | None = None) -> None:

@@ -1,7 +1,7 @@
 """Command line for experiments: ``sweep``, ``reproduce``, ``report``, ``regress``.
 
-Registered on the ``prefixshield`` group by :mod:`prefixshield.cli`. Like the rest of the CLI,
-these only parse options, call :mod:`prefixshield.experiments` and print.
+Registered on the ``prefixshield`` group by `prefixshield.cli`. Like the rest of the CLI,
+these only parse options, call `prefixshield.experiments` and print.
 """
 
 from __future__ import annotations

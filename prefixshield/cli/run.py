@@ -318,7 +318,7 @@ def _print_compare_tenants(tenant_rows: list, seeds: int, out_csv):
 
 def _print_tenants(results):
     """The per-tenant table of a run's policies (every policy, tenant by tenant); returns its
-    frame (:func:`~prefixshield.experiments.tenant_view.results_tenant_frame`)."""
+    frame (`results_tenant_frame`)."""
     from prefixshield.cli.tenant_summary import print_tenant_table
     from prefixshield.experiments.tenant_view import results_tenant_frame
 
@@ -485,7 +485,7 @@ def _print_fleet(results) -> None:
 
 def _run_stream(spec, out_dir, contracts_mode) -> None:
     """``run --stream``: each policy's run streamed into ``out_dir``
-    (:mod:`prefixshield.experiments.streamed`), then the summary table."""
+    (`prefixshield.experiments.streamed`), then the summary table."""
     from prefixshield.experiments.streamed import build_stream, run_streamed_outputs
 
     if not out_dir:
@@ -522,7 +522,7 @@ def _run_stream(spec, out_dir, contracts_mode) -> None:
 
 def _on_done(stages, timings: dict[str, float], describe):
     """A per-policy callback that times each run (seconds since the previous one, into
-    ``timings``) and ends its step of ``stages`` (a :class:`~prefixshield.cli.common.Stages`)
+    ``timings``) and ends its step of ``stages`` (a `Stages`)
     with the line ``describe(name, result, seconds)``."""
     t0 = [time.perf_counter()]
 
@@ -535,7 +535,7 @@ def _on_done(stages, timings: dict[str, float], describe):
 
 def _checked_trace(spec, every: bool, stage: str):
     """``(spec, trace, info)``: ``spec``'s trace built behind the stage line ``stage``, with
-    only the policies under which its every request can be admitted (:func:`_admissible`;
+    only the policies under which its every request can be admitted (`_admissible`;
     ``every``: ``--policy all`` was given). A trace file is checked as read, before the
     build's C_prefill probe simulates anything (its replicates and rescaling keep its requests'
     shapes); a generated workload once its trace is built for the pool."""
@@ -557,7 +557,7 @@ def _checked_trace(spec, every: bool, stage: str):
 
 def _admissible(trace, spec, source: str, every: bool):
     """``spec`` with only the policies under which every request of ``trace`` can be admitted
-    (:func:`prefixshield.experiments.sizing.unadmittable`). A policy named on the command line
+    (`prefixshield.experiments.sizing.unadmittable`). A policy named on the command line
     that cannot is refused (``ValueError``, one line, before any simulation); under
     ``--policy all`` it is left out with a line saying why, unless none is left."""
     from prefixshield.experiments.sizing import unadmittable
@@ -575,7 +575,7 @@ def _admissible(trace, spec, source: str, every: bool):
 def _engine(opts):
     """The run's ``EngineConfig`` (``opts.engine``, or under ``--blocks auto`` the pool sized
     from the trace) and, for ``--blocks auto``, the line saying how the pool was sized
-    (:func:`prefixshield.experiments.sizing.resolve_auto`; None for a number)."""
+    (`prefixshield.experiments.sizing.resolve_auto`; None for a number)."""
     if opts.auto_blocks is None:
         return opts.engine, None
     from prefixshield.experiments.single import is_trace_file

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def tenant_plan_lines(meta: dict) -> list[str]:
     """Lines saying what the tenant model dealt (see
-    :func:`~prefixshield.traces.tenants.deal_tenants`): roots split into sessions, sessions
+    `deal_tenants`): roots split into sessions, sessions
     drawn across roots, the trace's own tenant column used or ignored, contracts and priorities
     a tenant map gave. Empty for a plain deal of records or roots."""
     plan = meta.get("tenant_plan") or {}
@@ -55,8 +55,8 @@ MAX_TENANT_ROWS = 16
 
 
 def print_tenant_table(console, df, title: str, where: str = "groups.csv") -> None:
-    """The per-tenant table (:mod:`prefixshield.experiments.tenant_view`) of every policy,
-    tenant by tenant, the busiest :data:`MAX_TENANT_ROWS` tenants; ``where`` names the file
+    """The per-tenant table (`prefixshield.experiments.tenant_view`) of every policy,
+    tenant by tenant, the busiest `MAX_TENANT_ROWS` tenants; ``where`` names the file
     that holds them all."""
     from rich.table import Table
 

@@ -1,16 +1,16 @@
 """``prefixshield attack-search``: each policy judged by the worst attack a search finds.
 
 What runs, for a set of policies at one setup (engine, profile, load, victim) and one attacker
-budget (:mod:`prefixshield.workloads.searched_attack`):
+budget (`prefixshield.workloads.searched_attack`):
 
 1. **Controls and the hand-written attacks.** The no-attack control of ``searched_attack`` (one
    trace per seed, whatever the attack) on the search seeds and on the held-out seeds, and
    ``one_touch``, ``low_and_slow``, ``two_pass_replay`` at the same budget, each with its own
    control, on the search seeds. A hand-written attack at the same budget sends its own rate, or
-   the budget's when its own is higher (:func:`~prefixshield.experiments.attack_space.
-   spend_rate`); every run uses the search's duration, so every victim trace is the same.
+   the budget's when its own is higher (`spend_rate`);
+   every run uses the search's duration, so every victim trace is the same.
 2. **The search**, per policy: an optuna study (TPE by default, seeded) over
-   :data:`~prefixshield.experiments.attack_space.SPACE`, maximizing the objective: the mean
+   `SPACE`, maximizing the objective: the mean
    over the search seeds of the victim's paired hit-ratio loss against the control
    (``hit_ratio``: control minus attack, per seed) or of its P95 TTFT increase (``p95_ttft``:
    attack minus control, seconds). With ``warm_start`` the first trials are the hand-written
@@ -30,7 +30,7 @@ are asked again, their stored cells are found (nothing is recomputed) and told a
 search killed at any point ends identical to an uninterrupted one. A stored trial whose
 parameters differ from what the sampler asks now (other code or optuna version) is an error.
 
-The store is of kind ``attack-search`` (:data:`~prefixshield.experiments.store.ADAPTIVE_KINDS`):
+The store is of kind ``attack-search`` (`ADAPTIVE_KINDS`):
 its fixed part is the controls and hand-written attacks; ``meta["search"]`` holds the search
 configuration (all but ``trials``: a rerun with more trials extends the search, with fewer
 reports its first trials); a store of another configuration is refused before any work.
@@ -83,7 +83,7 @@ class SearchConfig:
         budget_limits: which limits of the attacker's budget apply: units joined by ``+``
             from ``requests``, ``prompt_tokens``, ``tokens`` (prompt + output), ``block_s`` (KV
             block-seconds), or ``both`` (``requests+prompt_tokens``); see
-            :mod:`prefixshield.workloads.searched_attack`. Default: requests, prompt tokens and
+            `prefixshield.workloads.searched_attack`. Default: requests, prompt tokens and
             block-seconds, each at one_touch's level.
         budget_requests: the request limit, requests/s (None: the one-touch flood rate
             of the reference setup).
@@ -92,16 +92,16 @@ class SearchConfig:
         budget_tokens: the prompt + output token limit, tokens/s (None: the one-touch flood
             rate times one_touch's mean prompt + mean output).
         budget_block_s: the KV block-seconds limit, block-seconds per second (None: one_touch's
-            attacker block-seconds per second measured at this setup, see :func:`resolve`).
+            attacker block-seconds per second measured at this setup, see `resolve`).
         sampler: ``tpe`` (optuna's TPESampler, constant liar for batches) or ``cmaes``.
         sampler_seed: the sampler's seed.
         batch: trials asked per policy per round (part of the identity: rounds fix the order).
         warm_start: start every study with the hand-written attacks mapped into the space.
-        base: fixed fields of every run (typed, as :class:`~prefixshield.experiments.spec.
-            Experiment` ``base``): engine, ``profile``, ``alpha``, victim/workload fields and,
+        base: fixed fields of every run (typed, as `Experiment`
+            ``base``): engine, ``profile``, ``alpha``, victim/workload fields and,
             for a search against a fleet, ``replicas``, ``router`` and ``router_key`` (every
             run, controls and hand-written attacks included, is then that fleet; the aim its
-            router reads is searched, see :attr:`space`).
+            router reads is searched, see `space`).
     """
 
     policies: tuple[str, ...]
@@ -166,9 +166,9 @@ class SearchConfig:
 
     @property
     def space(self):
-        """The attack space searched: :data:`~prefixshield.experiments.attack_space.SPACE`,
-        plus the aim the fleet's router reads (:func:`~prefixshield.experiments.attack_space.
-        space_for`; ``aim_blocks`` up to the victim's prefix blocks)."""
+        """The attack space searched: `SPACE`,
+        plus the aim the fleet's router reads (`space_for`;
+        ``aim_blocks`` up to the victim's prefix blocks)."""
         from prefixshield.workloads.searched_attack import SearchedAttackParams as P
 
         prefix_blocks = int(self.base.get("prefix_tokens", P.prefix_tokens)) // int(
@@ -391,7 +391,7 @@ class Paired:
     """A paired comparison of an attack with its control for one policy over seeds.
 
     ``hit_loss`` = control - attack hit ratio (fraction), ``ttft_increase`` = attack - control
-    P95 TTFT (s): mean and 95% bootstrap CI (``None`` CIs until :meth:`with_ci`); ``pressure``
+    P95 TTFT (s): mean and 95% bootstrap CI (``None`` CIs until `with_ci`); ``pressure``
     and ``debt``: the attacker's measured creation-pressure ratio and mean debt (blocks), mean
     over seeds; ``evictions``: the mean eviction matrix; ``control_hit`` / ``attack_hit``: the
     victim's mean hit ratio without and with the attack; ``attacker_block_s``: the attacker's
@@ -474,7 +474,7 @@ def _mean(frame: pd.DataFrame, seeds: list, col: str) -> float:
 class TrialRecord:
     """One trial: its policy, number, origin (``tpe``/``cmaes`` or ``warm start: NAME``), the
     point (``fields``), its paired result, and whether it kept the block-seconds budget as
-    measured (:func:`over_budget`)."""
+    measured (`over_budget`)."""
 
     policy: str
     number: int
@@ -486,7 +486,7 @@ class TrialRecord:
 
 @dataclass
 class SearchResult:
-    """What :func:`run_search` found: the trials per policy, the hand-written attacks' results
+    """What `run_search` found: the trials per policy, the hand-written attacks' results
     (per workload, per policy), the worst trial per policy, and the transfer matrix
     (``transfer[attacked policy][evaluated policy]``, held-out seeds)."""
 
@@ -511,7 +511,7 @@ so one_touch's own point can measure one ulp above the level it defines."""
 
 def over_budget(p: Paired, r: Resolved) -> float:
     """By how much a run exceeded the block-seconds budget as measured: ``measured / limit -
-    1`` (<= :data:`ROUNDING`: kept it; -inf when block-seconds are not charged)."""
+    1`` (<= `ROUNDING`: kept it; -inf when block-seconds are not charged)."""
     if "block_s" not in r.limits:
         return -math.inf
     v = block_s_rate(p, r)
@@ -976,7 +976,7 @@ def write_figures(folder: Path, res: SearchResult) -> list[Path]:
 
 
 def config_of_store(store: ResultsStore) -> SearchConfig:
-    """The :class:`SearchConfig` a search store was written by (its ``meta["search"]``), with
+    """The `SearchConfig` a search store was written by (its ``meta["search"]``), with
     ``trials`` the most trials stored for a policy. Raises SpecError for another kind."""
     ident = store.meta.get("search")
     if store.meta.get("kind") != "attack-search" or not ident:

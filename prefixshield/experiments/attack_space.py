@@ -1,8 +1,8 @@
 """The attack space ``prefixshield attack-search`` explores: typed, bounded coordinates of the
-``searched_attack`` workload (:mod:`prefixshield.workloads.searched_attack`).
+``searched_attack`` workload (`prefixshield.workloads.searched_attack`).
 
-Each :class:`Dim` names one field of :class:`~prefixshield.workloads.searched_attack.
-SearchedAttackParams` and bounds it; the budget, the victim and the engine are fixed per search
+Each `Dim` names one field of `SearchedAttackParams`
+and bounds it; the budget, the victim and the engine are fixed per search
 and are not in the space. A dim may have a *mode*: the field may also be None (a distinct
 behaviour: no pool, periodic arrivals, data outputs), which the optimizer picks as a categorical
 choice before the value.
@@ -25,7 +25,7 @@ Bounds, and where they come from (none is chosen for the result it gives):
 * ``victim_sync`` 0-1, ``victim_lag`` -0.5-0.5 victim gaps: anywhere around a victim arrival.
 
 **The routing dimension.** A search against a fleet (``replicas`` and ``router`` in its
-base) whose router reads something an attacker chooses adds the aim (:func:`space_for`):
+base) whose router reads something an attacker chooses adds the aim (`space_for`):
 ``aim`` none/session under ``session`` keyed by prefix (the ring sends the attacker's chosen
 session ids to the victim's replicas), and ``aim`` none/prefix with ``aim_blocks`` 1 to the
 victim's prefix blocks (log scale) under ``prefix_affinity`` and ``kv_aware`` (the victim's
@@ -35,8 +35,8 @@ choice of the attacker's steers them. ``aim_replicas`` is not searched: the aime
 knows the fleet (it is set to ``replicas``).
 
 To add a coordinate: add a field (with its default and its validation) to
-``SearchedAttackParams`` and use it in its generator, then add a :class:`Dim` here; the
-optimizer, the stored trials and the tables pick it up from :data:`SPACE`.
+``SearchedAttackParams`` and use it in its generator, then add a `Dim` here; the
+optimizer, the stored trials and the tables pick it up from `SPACE`.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ ROUTER_AIMS = {"session": "session", "prefix_affinity": "prefix", "kv_aware": "p
 
 
 def space_for(base: Mapping[str, Any], prefix_blocks: int) -> tuple[Dim, ...]:
-    """The space of a search whose runs have the fixed fields ``base``: :data:`SPACE`, plus
+    """The space of a search whose runs have the fixed fields ``base``: `SPACE`, plus
     the aim a fleet's router reads (module doc); ``prefix_blocks`` bounds ``aim_blocks``
     (the victim's prefix, in blocks)."""
     router = base.get("router", "round_robin") if "replicas" in base else None

@@ -7,8 +7,8 @@ resolved run is the same (e.g. the default point of a capacity sweep and of a lo
 one task and are written under each experiment.
 
 A cell is one row: the identity columns, ``status`` (``ok`` or ``failed`` with ``error``: a policy
-that cannot serve the trace fails that cell alone), the :func:`~prefixshield.simulator.metrics.
-summarize` metrics, and JSON details the report draws its figures from (per-group table, eviction
+that cannot serve the trace fails that cell alone), the `summarize`
+metrics, and JSON details the report draws its figures from (per-group table, eviction
 matrix, policy counters, occupancy over time sampled at ``OCCUPANCY_SAMPLES`` times, TTFT
 quantiles of the judged population). ``wall_s`` is the only measured (non-simulated) column.
 """
@@ -99,7 +99,7 @@ def resolve_policy(label: str, settings: Mapping[str, Any]) -> str:
 
 
 def run_spec(workload: str, settings: Mapping[str, Any], seed: int, policy_specs: tuple[str, ...]):
-    """The :class:`~prefixshield.experiments.single.RunSpec` of a point's settings and a seed."""
+    """The [`RunSpec`][prefixshield.experiments.single.RunSpec] of a point's settings and a seed."""
     from prefixshield.experiments.single import RunSpec
     from prefixshield.simulator.costmodel import load_profile
 
@@ -115,7 +115,7 @@ def run_spec(workload: str, settings: Mapping[str, Any], seed: int, policy_specs
 
 
 def engine_config(settings: Mapping[str, Any]):
-    """The :class:`~prefixshield.simulator.config.EngineConfig` of a point's engine and
+    """The [`EngineConfig`][prefixshield.simulator.config.EngineConfig] of a point's engine and
     scheduler fields."""
     from prefixshield.simulator.config import EngineConfig
 
@@ -174,7 +174,7 @@ def _resolved_run(kind: str, workload: str, settings: Mapping[str, Any]) -> dict
 
 
 def check_experiments(experiments: list[Experiment]) -> None:
-    """Raise :class:`~prefixshield.experiments.spec.SpecError` (one line naming the experiment
+    """Raise [`SpecError`][prefixshield.experiments.spec.SpecError] (one line naming the experiment
     and the point) unless every cell of ``experiments`` can be set up.
 
     Typing a field checks it alone; this checks each point's settings together, as a task
@@ -203,7 +203,7 @@ def check_experiments(experiments: list[Experiment]) -> None:
 
 def _check_point(exp: Experiment, settings: Mapping[str, Any], traces_seen: set[str],
                  policies_seen: set[tuple]) -> None:
-    """:func:`check_experiments` for one point (raises what the run would raise)."""
+    """`check_experiments` for one point (raises what the run would raise)."""
     from prefixshield.experiments.single import build_trace
     from prefixshield.simulator.engine import EngineError
 
@@ -246,7 +246,7 @@ def plan_tasks(experiments: list[Experiment], done: set[tuple]) -> tuple[list[Ta
     """Tasks for every cell not in ``done`` (identity tuples), sharing traces between cells.
 
     Returns the tasks and, per ``(task key, policy_spec)``, the cells it fills (a list of
-    :class:`ResolvedCell`)."""
+    `ResolvedCell`)."""
     by_key: dict[str, dict] = {}
     dest: dict[tuple, list] = {}
     for exp in experiments:

@@ -5,7 +5,7 @@ The reference's contracts (64/40/16 blocks/s, bursts 256/192/128 blocks) were si
 of 511 usable blocks on an L4. On a pool a hundred times larger, fed by a real trace, every
 tenant creates far more than that per second, so every tenant is in debt all the time and
 PrefixShield's responsibility signal (who is *more* in debt) says nothing about who causes the
-pressure. :func:`fit_contracts` derives contracts from what the trace's groups create under
+pressure. `fit_contracts` derives contracts from what the trace's groups create under
 LRU (never from a PrefixShield run):
 
 * ``r_{g,c}``: blocks group g materialized under contract c per second of the measured window,
@@ -21,9 +21,9 @@ LRU (never from a PrefixShield run):
   refill scaled like the fitted ones: ``rho_c = k * rho_c^ref`` with
   ``k = sum_fitted |G_c| rho_c / sum_fitted |G_c| rho_c^ref``, and ``beta_c = rho_c * T``.
 
-:func:`debt_warning` is the run-time guard: when every group is in debt for most of the
-measured window (:data:`MOST`), the contracts do not fit the deployment; when one tenant that
-is not an attacker is, creating at least :data:`FAR` times its refill, its contract does not
+`debt_warning` is the run-time guard: when every group is in debt for most of the
+measured window (`MOST`), the contracts do not fit the deployment; when one tenant that
+is not an attacker is, creating at least `FAR` times its refill, its contract does not
 fit that tenant.
 """
 
@@ -161,7 +161,7 @@ def fit_contracts(lru: RunResult, num_blocks: int,
 
 def debt_fractions(result: RunResult) -> dict[str, float]:
     """Per group of the run, the fraction of the measured window it was in debt under the
-    run's contracts (:func:`~prefixshield.simulator.creation.debt_fraction`)."""
+    run's contracts (`debt_fraction`)."""
     window = measured_window(result)
     return {g: debt_fraction(result.creations, i, result.contract_rho, result.contract_beta,
                              window) for i, g in enumerate(result.groups)}
@@ -170,12 +170,12 @@ def debt_fractions(result: RunResult) -> dict[str, float]:
 def debt_warning(results: Mapping[str, RunResult]) -> str | None:
     """The guard: None when the contracts fit, else one message.
 
-    * When every group was in debt for more than :data:`MOST` of the measured window in some
+    * When every group was in debt for more than `MOST` of the measured window in some
       run, the contracts do not fit the deployment: the message names those runs, the
       contracts' refill and the creation rates measured in the first such run (LRU's when it
       is among them).
     * Otherwise, when some tenant that is not an attacker (role ``victim`` or ``benign``) was
-      in debt for more than :data:`MOST` of the window and created at least :data:`FAR` times
+      in debt for more than `MOST` of the window and created at least `FAR` times
       its refill, its contract does not fit it: the message names each such tenant with its
       creation rate, its refill and their ratio, in the first such run (LRU's when it is
       among them). An attacker is in debt by design and is never named.
@@ -225,7 +225,7 @@ def debt_warning(results: Mapping[str, RunResult]) -> str | None:
 
 
 def _far_over(result: RunResult, groups: Mapping[str, float]) -> dict[str, float]:
-    """Those of ``groups`` (group -> debt fraction) that created at least :data:`FAR` times
+    """Those of ``groups`` (group -> debt fraction) that created at least `FAR` times
     the refill of one of their contracts in ``result``'s measured window."""
     keep = {}
     for (g, c), x in creation_rates(result).items():
@@ -237,7 +237,7 @@ def _far_over(result: RunResult, groups: Mapping[str, float]) -> dict[str, float
 
 def fit_to_trace(trace, spec) -> ContractFit:
     """Run ``trace`` under LRU on ``spec``'s engine and profile, and fit contracts to it
-    (:func:`fit_contracts`, reference tiers from ``spec.contract_table``).
+    (`fit_contracts`, reference tiers from ``spec.contract_table``).
 
     Raises:
         ValueError: naming ``--contracts fit`` when LRU cannot serve the trace on this pool.

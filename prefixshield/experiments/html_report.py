@@ -5,7 +5,7 @@ opens in a browser from the file system, mailed or archived, with no server and 
 Nothing is computed here that the folder does not hold: a run's page reads ``config.json``,
 ``summary.csv``, each policy's ``groups.csv`` and ``evictions.csv`` and ``comparison.png``; a
 store's page is built from the report's sections
-(:func:`~prefixshield.experiments.report.build_sections`) and the per-tenant rows of its cells.
+(`build_sections`) and the per-tenant rows of its cells.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def page(title: str, body: list[str]) -> str:
 
 
 def tenant_block(df: pd.DataFrame, note: str = TENANT_NOTE) -> list[str]:
-    """The per-tenant table of a :func:`~prefixshield.experiments.tenant_view.tenant_frame`
+    """The per-tenant table of a `tenant_frame`
     (every tenant, tenant by tenant, every policy) and its note."""
     if df.empty:
         return ["<p>No per-tenant rows.</p>"]

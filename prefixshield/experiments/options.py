@@ -1,13 +1,13 @@
-"""A run's options as one typed, validated object (:class:`RunOptions`), and the one place the
-engine of a run is built from its options (:func:`engine_config`).
+"""A run's options as one typed, validated object (`RunOptions`), and the one place the
+engine of a run is built from its options (`engine_config`).
 
-``prefixshield run``, ``compare`` and ``trace generate`` build a :class:`RunOptions` once, at
-the command line's edge (:func:`prefixshield.cli.common.run_options`), and pass it whole; the
+``prefixshield run``, ``compare`` and ``trace generate`` build a `RunOptions` once, at
+the command line's edge (`prefixshield.cli.common.run_options`), and pass it whole; the
 defaults a command line shows are read from these dataclasses (and
-:class:`~prefixshield.simulator.config.EngineConfig`), not written again there.
+[`EngineConfig`][prefixshield.simulator.config.EngineConfig]), not written again there.
 
 Light on purpose: the CLI imports this module to read its defaults before any command runs
-(no numba, pandas or engine here; :meth:`RunOptions.spec` imports the experiment lazily).
+(no numba, pandas or engine here; `RunOptions.spec` imports the experiment lazily).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ DEFAULT_PROFILE = "l4-qwen2.5-1.5b"
 DEFAULT_ALPHA = 0.6
 """Nominal load unless told otherwise: a generated workload's base rate is 0.6 x C_prefill."""
 C_PREFILL_BASES = ("reference", "capacity")
-"""Where ``C_prefill`` is measured (:attr:`prefixshield.experiments.single.RunSpec.c_prefill_basis`;
+"""Where ``C_prefill`` is measured (`prefixshield.experiments.single.RunSpec.c_prefill_basis`;
 the first is the default)."""
 CONTRACT_MODES = ("reference", "fit")
-"""Where the tiers' contracts come from (:attr:`RunOptions.contracts`; the first is the
+"""Where the tiers' contracts come from (`RunOptions.contracts`; the first is the
 default)."""
 
 
@@ -46,7 +46,7 @@ def default_of(cls: type, name: str) -> Any:
 
 
 def engine_config(**fields: Any) -> EngineConfig:
-    """The :class:`EngineConfig` of ``fields`` (its attribute names); a field given as None is
+    """The `EngineConfig` of ``fields`` (its attribute names); a field given as None is
     left at the dataclass's default. The one place a run's options become an engine."""
     return EngineConfig(**{k: v for k, v in fields.items() if v is not None})
 
@@ -64,17 +64,17 @@ class RunOptions:
         every_policy: ``--policy all`` was asked for: a policy that cannot serve the trace
             is left out with a line saying why, not refused.
         auto_blocks: ``--blocks auto[:FRACTION]``: size the pool from the trace file
-            (:mod:`prefixshield.experiments.sizing`); None: ``engine.num_blocks`` as given.
+            (`prefixshield.experiments.sizing`); None: ``engine.num_blocks`` as given.
         profile: the cost-model profile.
         alpha: nominal load (> 0); a generated workload's base rate is ``alpha x C_prefill``.
         seeds: the trace seeds to run, in order (``run``: one; ``compare``: 0..N-1).
         overrides: typed workload parameter overrides (``--set``).
-        fleet: replicas and router (a :class:`prefixshield.fleet.config.FleetConfig`); None:
+        fleet: replicas and router (a `prefixshield.fleet.config.FleetConfig`); None:
             one engine.
         executor: ``(name, workers, address)`` where a split fleet's replicas run; None: in
             this process.
-        c_prefill_basis: one of :data:`C_PREFILL_BASES`.
-        contracts: one of :data:`CONTRACT_MODES`: the reference contracts, or contracts fitted
+        c_prefill_basis: one of `C_PREFILL_BASES`.
+        contracts: one of `CONTRACT_MODES`: the reference contracts, or contracts fitted
             to the trace under LRU.
         scale_to_load: for a trace file: rescale its arrivals to this multiple of
             ``C_prefill`` (> 0); None: its own times.
@@ -132,7 +132,7 @@ class RunOptions:
         return self.seeds[0]
 
     def spec(self, **changes: Any):
-        """The :class:`~prefixshield.experiments.single.RunSpec` of these options (seed: the
+        """The [`RunSpec`][prefixshield.experiments.single.RunSpec] of these options (seed: the
         first), with ``changes`` (``engine=``, ``seed=``, ``resample=`` ...) applied."""
         from prefixshield.experiments.single import RunSpec
 

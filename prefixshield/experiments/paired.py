@@ -18,14 +18,14 @@ def run_paired(spec: RunSpec, seeds: list[int],
     """Run ``spec`` once per seed (the seed replaces ``spec.seed``); one row per (seed, policy)
     with ``status`` (``ok``, or ``failed`` with ``error`` when the policy cannot serve that
     seed's trace; its metrics are then NaN) and the
-    :func:`~prefixshield.simulator.metrics.summarize` columns. ``contracts``, when given, are
+    [`summarize`][prefixshield.simulator.metrics.summarize] columns. ``contracts``, when given, are
     what the policies meter by; each seed's trace is still built with ``spec``'s own (so an
     attack keeps its size). ``executor``: where a split fleet's replicas run (None: here).
     ``on_results(seed, results)``: each seed's runs (policy label -> ``RunResult``) as they end,
     before they are dropped (the contract guard reads them); ``on_seed(seed)`` after it.
 
     For a trace file the seeds are what ``spec.resample`` makes them (``"sessions"``: each a
-    bootstrap replicate of the file's trace, :mod:`prefixshield.traces.bootstrap`)."""
+    bootstrap replicate of the file's trace, `prefixshield.traces.bootstrap`)."""
     rows = []
     for seed in seeds:
         s = replace(spec, seed=seed)

@@ -20,7 +20,7 @@ is taken; the metric's change is *significant* when
 A cell that was ``ok`` and now fails (or the reverse) has moved too. Measured (non-simulated)
 columns — wall times, the overhead experiment's latencies — are never compared.
 
-An intended change is accepted with :func:`accept_rerun` (``regress --accept``): the rerun's
+An intended change is accepted with `accept_rerun` (``regress --accept``): the rerun's
 cells replace the baseline's.
 """
 

@@ -696,8 +696,8 @@ def schedulers_section(root: Path, cells: pd.DataFrame, exps: list[Experiment]) 
 
 def worst_cases_section(root: Path) -> Section | None:
     """Each policy's worst case per scheduler, from the attack searches stored under
-    ``root/attack-search/<key>/`` (see :func:`~prefixshield.experiments.reproduce.
-    worst_case_searches`): worst loss, held out, the victim's P95 TTFT and queueing delay, and
+    ``root/attack-search/<key>/`` (see `worst_case_searches`):
+    worst loss, held out, the victim's P95 TTFT and queueing delay, and
     per scheduler the transfer matrix (held-out seeds). None when no search is stored."""
     from prefixshield.experiments import attack_search as AS
     from prefixshield.experiments.reproduce import SCHEDULER_SETTINGS
@@ -816,7 +816,7 @@ def build_sections(store: ResultsStore, cells: pd.DataFrame | None = None) -> li
 def build_report(store: ResultsStore) -> list[Section]:
     """Write every table (``tables/NAME.md``, ``tables/NAME.csv``), figure (``figures/``),
     ``index.md`` and the self-contained ``report.html``
-    (:func:`~prefixshield.experiments.html_report.store_report`) of ``store`` from its cells;
+    (`store_report`) of ``store`` from its cells;
     returns the sections."""
     cells = store.load()
     sections = build_sections(store, cells)

@@ -2,7 +2,7 @@
 
 Cells are written by this (the driving) process as their task returns, so an executor's workers
 need no access to the store's folder (Ray on a cluster), and a kill at any moment leaves only
-whole cells behind (see :mod:`prefixshield.experiments.store`).
+whole cells behind (see [`prefixshield.experiments.store`][prefixshield.experiments.store]).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from prefixshield.experiments.store import ResultsStore
 
 @dataclass
 class RunStats:
-    """What one :func:`run_store` call did: tasks run, cells written, cells already there,
+    """What one `run_store` call did: tasks run, cells written, cells already there,
     cells that failed (a policy that could not serve its trace)."""
 
     tasks: int = 0

@@ -41,7 +41,7 @@ from prefixshield.workloads import WORKLOADS, make_params, params_to_dict
 REFERENCE_BLOCKS = 512
 """The reference configuration's pool (511 usable blocks), where ``C_prefill`` is measured."""
 RESAMPLES = (None, "sessions")
-"""How a trace file's replicates are drawn (:attr:`RunSpec.resample`)."""
+"""How a trace file's replicates are drawn (`RunSpec.resample`)."""
 
 
 @dataclass(frozen=True)
@@ -61,17 +61,17 @@ class RunSpec:
             the engine's policies; None: ``DEFAULT_CONTRACTS``.
         scale_to_load: for a trace file: rescale its arrivals so that its mean rate is this
             fraction of ``C_prefill`` measured on this profile and engine with 32 of the trace's
-            own request shapes (:func:`prefixshield.traces.transform.scale_to_rate` says what
+            own request shapes (`prefixshield.traces.transform.scale_to_rate` says what
             that preserves and changes); None: the trace's own times.
         c_prefill_basis: where a generated workload's ``C_prefill`` is measured:
-            ``"reference"`` (default) on the reference pool of :data:`REFERENCE_BLOCKS` blocks,
+            ``"reference"`` (default) on the reference pool of `REFERENCE_BLOCKS` blocks,
             once per deployment profile, so that arrival rates and the attack are the same at
             every capacity (a capacity sweep then varies the cache alone, as the reference
             study's does); ``"capacity"`` on this run's own pool (rates grow with the cache).
-        fleet: replicas and router (:class:`prefixshield.fleet.config.FleetConfig`); None:
+        fleet: replicas and router (`prefixshield.fleet.config.FleetConfig`); None:
             one engine, as before fleets existed.
         resample: for a trace file: ``"sessions"`` makes the trace replicate ``seed`` of a
-            bootstrap over its sessions (:mod:`prefixshield.traces.bootstrap`; what
+            bootstrap over its sessions (`prefixshield.traces.bootstrap`; what
             ``compare TRACE.parquet``'s seeds are), after any ``scale_to_load``; None: the
             file's trace as it is (``seed`` unused).
     """
@@ -186,7 +186,7 @@ def _probe_engine(spec: RunSpec, longest_tokens: int) -> tuple[EngineConfig, str
     """The engine the ``C_prefill`` probe runs on, and the basis in words for the header.
 
     The reference basis is this run's engine with the reference pool of
-    :data:`REFERENCE_BLOCKS` blocks, unless one probe request (``longest_tokens``, prompt and
+    `REFERENCE_BLOCKS` blocks, unless one probe request (``longest_tokens``, prompt and
     output) cannot fit it: then the run's own pool, said so."""
     if spec.c_prefill_basis == "capacity" or spec.engine.num_blocks == REFERENCE_BLOCKS:
         where = "this run's pool" if spec.c_prefill_basis == "capacity" else "the reference pool"
@@ -263,10 +263,10 @@ def run_policies(trace: Trace, spec: RunSpec,
     ``on_start(label)`` before each, ``on_done(label, result)`` after each that served it.
 
     A policy that cannot serve the trace (e.g. a request larger than what a static quota may
-    ever give its group) raises :class:`~prefixshield.simulator.engine.EngineError`; with a
+    ever give its group) raises [`EngineError`][prefixshield.simulator.engine.EngineError]; with a
     ``failures`` dict, its reason is recorded there under the policy's label instead and the
     other policies still run (a comparison never sinks with one policy). ``executor``: where a
-    split fleet's replicas run (see :func:`prefixshield.fleet.run.run_fleet`; None: here, one
+    split fleet's replicas run (see `prefixshield.fleet.run.run_fleet`; None: here, one
     after another); single engines and lockstep fleets always run here."""
     results = {}
     for label in spec.policies:
@@ -330,13 +330,13 @@ def label_dir(label: str) -> str:
 def summary_frame(results: dict[str, RunResult],
                   failures: dict[str, str] | None = None) -> pd.DataFrame:
     """One row per policy: ``status`` (``ok`` or ``failed``), ``error`` and the
-    :func:`~prefixshield.simulator.metrics.summarize` metrics of each run (empty if failed)."""
+    `summarize` metrics of each run (empty if failed)."""
     return summary_table({p: summarize(r) for p, r in results.items()}, failures)
 
 
 def summary_table(summaries: dict[str, dict],
                   failures: dict[str, str] | None = None) -> pd.DataFrame:
-    """:func:`summary_frame` from each run's summary dict (policy label -> dict)."""
+    """`summary_frame` from each run's summary dict (policy label -> dict)."""
     rows = [{"policy": p, "status": "ok", "error": "", **s} for p, s in summaries.items()]
     rows += [{"policy": p, "status": "failed", "error": e} for p, e in (failures or {}).items()]
     df = pd.DataFrame(rows)
@@ -449,7 +449,7 @@ def write_outputs(out_dir: str | Path, spec: RunSpec, trace: Trace, trace_info: 
 
 def put_run_tables(put_text: Callable[[str, str], None], folder: str, result) -> None:
     """A run's ``evictions.csv`` and ``policy_stats.json`` into ``folder`` (``result``: a
-    :class:`RunResult` or a streamed run's result: ``groups``, ``evictions``,
+    `RunResult` or a streamed run's result: ``groups``, ``evictions``,
     ``policy_stats``)."""
     put_text(f"{folder}/evictions.csv", csv_safe(eviction_matrix(result)).to_csv())
     put_text(f"{folder}/policy_stats.json", json.dumps(result.policy_stats, indent=2,
@@ -488,7 +488,7 @@ _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 def fleet_tables(result: RunResult) -> dict[str, pd.DataFrame]:
     """A fleet run's tables by file stem: ``replicas``, ``tenants``, ``summary`` and
-    ``evictions_replica<r>`` (see :mod:`prefixshield.fleet.metrics`)."""
+    ``evictions_replica<r>`` (see `prefixshield.fleet.metrics`)."""
     from prefixshield.fleet.metrics import (fleet_summary, replica_evictions, replica_table,
                                             tenant_table, with_bound)
 

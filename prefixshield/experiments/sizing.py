@@ -108,7 +108,7 @@ def unadmittable(trace: Trace, engine: EngineConfig, policies, source: str) -> d
 def check_admissible(trace: Trace, engine: EngineConfig, policies, source: str) -> None:
     """Raise ``ValueError`` (one line, before any simulation) if some request of ``trace`` can
     never be admitted on ``engine``'s pool under one of ``policies`` (specs); the message is
-    the first policy's of :func:`unadmittable`."""
+    the first policy's of [`unadmittable`][prefixshield.experiments.sizing.unadmittable]."""
     bad = unadmittable(trace, engine, policies, source)
     if bad:
         raise ValueError(next(iter(bad.values())))

@@ -1,6 +1,6 @@
 """Experiment specs: a workload, its policies, paired seeds, fixed settings and a grid of fields.
 
-An :class:`Experiment` is what ``prefixshield sweep`` runs and what ``reproduce`` is made of. Its
+An `Experiment` is what ``prefixshield sweep`` runs and what ``reproduce`` is made of. Its
 settings (``base``) and its ``grid`` axes are *fields*, each named by one key:
 
 =================================  ==========================================================
@@ -61,7 +61,7 @@ ENGINE_KEYS = {"blocks": "num_blocks", "num_blocks": "num_blocks", "block_size":
                "compat": "vllm_compat", "vllm_compat": "vllm_compat",
                "max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "max_num_batched_tokens",
                "reserve_full_prompt": "reserve_full_prompt"}
-"""Field key -> :class:`~prefixshield.simulator.config.EngineConfig` attribute."""
+"""Field key -> [`EngineConfig`][prefixshield.simulator.config.EngineConfig] attribute."""
 
 ENGINE_MINIMUM = {"num_blocks": 2, "block_size": 1, "max_num_seqs": 1,
                   "max_num_batched_tokens": 1}
@@ -71,17 +71,17 @@ RUN_KEYS = ("alpha", "profile", "c_prefill_basis")
 SCHEDULER_KEYS = {"scheduler": None, "tenant_max_running": "max_running",
                   "tenant_max_blocks": "max_blocks",
                   "tenant_max_output_tokens": "max_output_tokens"}
-"""Field key -> the :class:`~prefixshield.scheduling.TenantLimits` attribute it sets for every
+"""Field key -> the `TenantLimits` attribute it sets for every
 group (``scheduler``: the scheduler's name)."""
 FLEET_KEYS = ("replicas", "router", "router_key", "ledger", "ledger_staleness_s")
-"""Fields of a fleet (:func:`fleet_of`); a point without ``replicas`` runs one engine."""
+"""Fields of a fleet (`fleet_of`); a point without ``replicas`` runs one engine."""
 
 
 def fleet_of(settings: Mapping[str, Any]):
-    """The :class:`~prefixshield.fleet.config.FleetConfig` of a point's ``FLEET_KEYS`` (None
+    """The `FleetConfig` of a point's ``FLEET_KEYS`` (None
     without ``replicas``); ``router`` defaults to ``round_robin``, ``router_key`` to
     ``prefix``, ``ledger`` to ``replica``, ``ledger_staleness_s`` to 0 s. Raises
-    :class:`SpecError` for a fleet field without ``replicas``, a ``router_key`` with a router
+    `SpecError` for a fleet field without ``replicas``, a ``router_key`` with a router
     other than ``session`` (the only one that reads it, as ``--router-key``), or a staleness
     without the fleet ledger."""
     if "replicas" not in settings:
@@ -105,7 +105,7 @@ def fleet_of(settings: Mapping[str, Any]):
 
 
 def scheduler_of(settings: Mapping[str, Any]):
-    """The :class:`~prefixshield.scheduling.SchedulerConfig` of a point's ``SCHEDULER_KEYS``
+    """The `SchedulerConfig` of a point's ``SCHEDULER_KEYS``
     fields."""
     from prefixshield.scheduling import ALL_GROUPS, SchedulerConfig, TenantLimits
 
@@ -254,7 +254,7 @@ class Experiment:
         return out
 
     def to_dict(self) -> dict:
-        """Canonical JSON form (written beside the results; :func:`experiment_from_dict`)."""
+        """Canonical JSON form (written beside the results; `experiment_from_dict`)."""
         return {"name": self.name, "title": self.title, "kind": self.kind,
                 "workload": self.workload, "policies": list(self.policies),
                 "baseline": self.baseline_policy, "seeds": list(self.seeds),
@@ -313,7 +313,7 @@ def _engine_hints() -> dict[str, Any]:
 def type_field(workload: str, key: str, text: str, where: str = "") -> Any:
     """Type the text ``text`` of field ``key`` of an experiment on ``workload``.
 
-    Raises :class:`SpecError` naming ``where`` (e.g. ``--grid``) for an unknown key or a value
+    Raises `SpecError` naming ``where`` (e.g. ``--grid``) for an unknown key or a value
     of the wrong type.
     """
     from prefixshield.experiments.overrides import _convert
@@ -416,7 +416,7 @@ def type_field(workload: str, key: str, text: str, where: str = "") -> Any:
 
 
 def _one_of(prefix: str, key: str, text: str, names) -> str:
-    """``text`` if it is one of the registered ``names``, else a :class:`SpecError`."""
+    """``text`` if it is one of the registered ``names``, else a `SpecError`."""
     if text not in names:
         raise SpecError(f"{prefix}{key}: must be one of {', '.join(names)}, got {text!r}")
     return text
@@ -424,7 +424,7 @@ def _one_of(prefix: str, key: str, text: str, names) -> str:
 
 def _int_within(prefix: str, key: str, text: str, high: int, shown: str) -> int:
     """``text`` as an integer in ``[1, high]`` (``shown``: that range in the message), else a
-    :class:`SpecError`."""
+    [`SpecError`][prefixshield.experiments.spec.SpecError]."""
     from prefixshield.experiments.overrides import _convert
 
     value = _convert(text, int, key)
@@ -470,7 +470,7 @@ def parse_set_option(workload: str, item: str, where: str = "--set") -> tuple[st
 
 # ------------------------------------------------------------------------------ spec files
 def experiment_from_dict(d: Mapping[str, Any], where: str = "spec") -> Experiment:
-    """Build an :class:`Experiment` from a TOML table or :meth:`Experiment.to_dict` output.
+    """Build an `Experiment` from a TOML table or `Experiment.to_dict` output.
 
     Keys: ``name``, ``workload``, ``policies`` (list), ``seeds`` (a count N meaning 0..N-1, or a
     list), ``baseline``, ``kind``, ``records``, ``title``, ``base`` (table of fields), ``grid``

@@ -46,7 +46,7 @@ process exits; the kernel releases the lock then, or when the process is killed)
 FORMAT = 1
 ADAPTIVE_KINDS = ("attack-search",)
 """Store kinds whose spec grows while they run (a search chooses its next points from the
-results so far): :meth:`ResultsStore.append_experiments` adds experiments to them. Their
+results so far): `ResultsStore.append_experiments` adds experiments to them. Their
 ``spec_digest`` stays the digest of the experiments they were created with (the fixed part), so
 a rerun of the same command reopens them; the appended experiments follow in
 ``meta["experiments"]``, in the order they were added."""
@@ -107,8 +107,8 @@ def profile_records(experiments: list[Experiment]) -> dict:
 
 
 class ResultsStore:
-    """A results folder. Open with :meth:`create` (new or the same spec: resume) or
-    :meth:`open` (existing, read-only use)."""
+    """A results folder. Open with `create` (new or the same spec: resume) or
+    [`open`][prefixshield.experiments.store.ResultsStore.open] (existing, read-only use)."""
 
     def __init__(self, root: str | Path, meta: dict) -> None:
         self.root = Path(root)
@@ -213,7 +213,7 @@ class ResultsStore:
 
     def append_experiments(self, experiments: list[Experiment]) -> None:
         """Add ``experiments`` (new names) to a store of an adaptive kind (see
-        :data:`ADAPTIVE_KINDS`), rewriting ``store.json`` atomically before any of their cells
+        `ADAPTIVE_KINDS`), rewriting ``store.json`` atomically before any of their cells
         is written, so every cell on disk belongs to a listed experiment."""
         if self.meta.get("kind") not in ADAPTIVE_KINDS:
             raise SpecError(f"{self.root}: a {self.meta.get('kind')!r} store has a fixed spec; "

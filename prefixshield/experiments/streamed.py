@@ -1,10 +1,10 @@
 """``prefixshield run --stream``: a run whose memory does not grow with its trace.
 
-The trace comes as a :class:`~prefixshield.traces.stream.TraceStream` (a trace file read in row
+The trace comes as a `TraceStream` (a trace file read in row
 batches, or a workload generated in windows of time,
-:func:`~prefixshield.workloads.attack.stream_attack`) and each policy's run is a
-:class:`~prefixshield.simulator.stream.StreamedRun` writing into the staged output folder as it
-goes (:func:`~prefixshield.experiments.single.staged`: nothing half-written under ``--out``).
+`stream_attack`) and each policy's run is a
+`StreamedRun` writing into the staged output folder as it
+goes ([`staged`][prefixshield.experiments.single.staged]: nothing half-written under ``--out``).
 
 The folder holds what an unstreamed run writes where the files can be written a chunk at a time
 -- ``config.json``, ``summary.csv`` (the same figures, bit for bit), per policy

@@ -1,6 +1,6 @@
 """Per-tenant answers: each policy's view of each tenant (group), for one run or over seeds.
 
-The numbers are :func:`~prefixshield.simulator.metrics.group_table`'s (what a run's
+The numbers are [`group_table`][prefixshield.simulator.metrics.group_table]'s (what a run's
 ``groups.csv`` holds): per group its measured requests, mean hit ratio at admission and at
 arrival, token hit ratio, P50/P95 TTFT, P95 queueing delay, the cache blocks it holds
 (time-weighted mean over the measured window), the blocks its running requests hold (mean over
@@ -26,7 +26,7 @@ TENANT_HEADERS = {"requests": "requests", "hit_ratio": "hit ratio",
                   "p50_ttft_s": "P50 TTFT (s)", "p95_ttft_s": "P95 TTFT (s)",
                   "p95_queue_s": "P95 queue (s)", "mean_blocks": "cache blocks",
                   "held_blocks": "held blocks", "mean_debt_blocks": "debt (blocks)"}
-"""Column headers of :data:`TENANT_COLUMNS` for reading."""
+"""Column headers of `TENANT_COLUMNS` for reading."""
 
 TENANT_NOTE = ("hit ratio: mean over the tenant's measured requests of cached / prompt tokens at "
                "admission; at arrival: of the prefix cached when they arrived; token hit ratio: "
@@ -39,10 +39,10 @@ TENANT_NOTE = ("hit ratio: mean over the tenant's measured requests of cached / 
 def tenant_frame(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """Long form of per-policy group tables: one row per (policy, group), policies in the
     given order, groups in each table's order; columns ``policy``, ``group``, ``role`` and
-    :data:`TENANT_COLUMNS` (NaN where a table lacks one, e.g. an older ``groups.csv``).
+    `TENANT_COLUMNS` (NaN where a table lacks one, e.g. an older ``groups.csv``).
 
     Args:
-        tables: policy label -> its :func:`~prefixshield.simulator.metrics.group_table` (or
+        tables: policy label -> its [`group_table`][prefixshield.simulator.metrics.group_table] (or
             a ``groups.csv`` read back).
     """
     parts = []
@@ -61,7 +61,7 @@ def tenant_frame(tables: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def results_tenant_frame(results: Mapping) -> pd.DataFrame:
-    """:func:`tenant_frame` of runs (policy label -> ``RunResult``)."""
+    """`tenant_frame` of runs (policy label -> ``RunResult``)."""
     from prefixshield.simulator.metrics import group_table
 
     return tenant_frame({label: group_table(r) for label, r in results.items()})
@@ -69,7 +69,7 @@ def results_tenant_frame(results: Mapping) -> pd.DataFrame:
 
 def mean_over_seeds(rows: pd.DataFrame) -> pd.DataFrame:
     """Per (policy, group) of per-seed tenant rows (a ``seed`` column beside
-    :func:`tenant_frame`'s): the mean of each metric over the seeds that served it, and
+    `tenant_frame`'s): the mean of each metric over the seeds that served it, and
     ``seeds``, how many; policy and group order kept."""
     if rows.empty:
         return rows.assign(seeds=pd.Series(dtype=int))
@@ -82,7 +82,7 @@ def mean_over_seeds(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def by_tenant(df: pd.DataFrame, max_tenants: int | None = None) -> tuple[pd.DataFrame, int]:
-    """``df`` (a :func:`tenant_frame`) reordered tenant by tenant (the tenants in order of
+    """``df`` (a `tenant_frame`) reordered tenant by tenant (the tenants in order of
     their first row; within one, the policies in order), the ``max_tenants`` with the most
     requests kept; returns it and how many tenants were left out."""
     order = _natural(list(dict.fromkeys(df["group"])))
@@ -109,7 +109,7 @@ def _natural(names: list[str]) -> list[str]:
 
 
 def display_frame(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` (a :func:`tenant_frame`, optionally with ``seeds``) as strings for reading:
+    """``df`` (a `tenant_frame`, optionally with ``seeds``) as strings for reading:
     ratios in percent, seconds to 3 decimals, blocks to whole blocks."""
     def pct(x):
         return "-" if x != x else f"{100 * x:.2f}%"

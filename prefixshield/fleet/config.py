@@ -21,12 +21,12 @@ no state only), ``lockstep`` (one loop, every replica advanced to each arrival),
 @dataclass(frozen=True)
 class FleetConfig:
     """Attributes:
-        replicas: engines behind the router (1..:data:`MAX_REPLICAS`), each with the run's
+        replicas: engines behind the router (1..`MAX_REPLICAS`), each with the run's
             engine settings, its own pool, policy and scheduler.
         router: the router and its options.
-        mode: one of :data:`MODES`.
-        ledger: where PrefixShield's buckets live (:data:`~prefixshield.fleet.ledger.
-            LEDGERS`): ``replica`` (each pool its own, the default), ``fleet`` (one bucket per
+        mode: one of `MODES`.
+        ledger: where PrefixShield's buckets live (`LEDGERS`):
+            ``replica`` (each pool its own, the default), ``fleet`` (one bucket per
             group and contract across the fleet; needs lockstep mode). Other policies have no
             ledger (StaticQuota's quota stays per replica).
         ledger_staleness_s: with ``ledger="fleet"``, seconds after which a charge made on one

@@ -17,8 +17,8 @@ def trace_hashes(trace: Trace, config: EngineConfig) -> tuple[np.ndarray, np.nda
                                                               RequestInfo]:
     """Full-block hashes of every request's prompt then output (the engine's, with its
     scheduler's output caps), their offsets (request i's at ``offsets[i]:offsets[i+1]``) and
-    the :class:`RequestInfo` routers read. A request's output tokens are salted by its row in
-    ``trace`` (the whole trace's; see :mod:`prefixshield.fleet.split` for the replicas').
+    the `RequestInfo` routers read. A request's output tokens are salted by its row in
+    ``trace`` (the whole trace's; see `prefixshield.fleet.split` for the replicas').
     The info's content hashes (the same chain without the tenant salt) are built on first
     use."""
     df = trace.requests

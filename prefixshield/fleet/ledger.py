@@ -13,14 +13,14 @@ charges apply at once, and a charge another replica made at ``t`` is applied to 
 ``t + staleness_s``, metered at that time (``B ← B̂(t + staleness_s) − n``), as a copy
 receiving the update then would. With ``staleness_s = 0`` every copy applies every charge at the
 time it was made, in the fleet's one time order, so every copy equals the one fleet bucket:
-the bucket replayed over all replicas' charges (:func:`replay_balance`; tested). With a
+the bucket replayed over all replicas' charges (`replay_balance`; tested). With a
 positive staleness a copy's refill cap may round the late charges differently from the fleet
 bucket (a charge applied to a full bucket later is not refilled in between), which is what a
 late update does to a real copy too.
 
 The charges of one replica affect the others' eviction decisions, so the replicas cannot run
 independently: a fleet ledger runs in lockstep mode, in one time order over all replicas'
-events and the ledger's deliveries (:func:`prefixshield.fleet.lockstep.run_lockstep`).
+events and the ledger's deliveries (`prefixshield.fleet.lockstep.run_lockstep`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """Lockstep mode: every replica in one loop, each advanced up to an arrival before the router
 decides where it goes.
 
-Each replica keeps its own SimPy environment (a :class:`~prefixshield.fleet.replica.
-LockstepReplica`); for each request in arrival order the loop (1) advances every replica
+Each replica keeps its own SimPy environment (a `LockstepReplica`);
+for each request in arrival order the loop (1) advances every replica
 through its events that come before the arrival, (2) asks the router, which reads the replicas
 as they are at that instant, (3) delivers the request to the chosen replica. With a per-replica
 ledger, replicas never interact except through the router, so one environment each (instead of
 one shared) keeps every replica's event order exactly a single engine's (see
-:mod:`prefixshield.fleet.slots`), and each replica is advanced on its own.
+`prefixshield.fleet.slots`), and each replica is advanced on its own.
 
-A fleet-wide ledger (:mod:`prefixshield.fleet.ledger`) couples the replicas between arrivals:
+A fleet-wide ledger (`prefixshield.fleet.ledger`) couples the replicas between arrivals:
 a charge made on one replica changes the buckets the others read. The loop then merges the
 replicas' event queues and the ledger's deliveries into one time order (the earliest event
 first; at one instant a delivery before events, events by replica index), so a charge at ``t``
@@ -61,7 +61,7 @@ class _Due:
     replica changes only when advanced or given a request): those whose next event comes
     before it, from a heap of next-event times, and those whose decode jump waits for the
     router (an arrival's time may settle it). Any other replica is already in its state at
-    the arrival: advancing it would process nothing. Call :meth:`update` after every call that
+    the arrival: advancing it would process nothing. Call `update` after every call that
     may change a replica's queue (advance, deliver)."""
 
     def __init__(self, replicas: list[LockstepReplica]) -> None:
@@ -87,7 +87,7 @@ class _Due:
 
     def before(self, t: float) -> list[int]:
         """The replicas to advance before an arrival at ``t`` (each once, ascending), their
-        heap entries taken out (:meth:`update` puts them back)."""
+        heap entries taken out (`update` puts them back)."""
         heap, next_t = self.heap, self.next_t
         due = set(self.jumping)
         while heap and heap[0][0] < t:
@@ -122,7 +122,7 @@ def run_lockstep(replicas: list[LockstepReplica], router: Router,
 
 def _run(replicas: list[LockstepReplica], router: Router, arrival_s: np.ndarray,
          ledger: FleetLedger | None) -> np.ndarray:
-    """:func:`run_lockstep`'s loop."""
+    """`run_lockstep`'s loop."""
     n = arrival_s.shape[0]
     assignment = np.empty(n, dtype=np.int64)
     for rep in replicas:

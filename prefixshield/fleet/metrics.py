@@ -1,6 +1,6 @@
 """Fleet tables: per replica and per tenant, beside the infinite-cache bound.
 
-Populations as in :mod:`prefixshield.simulator.metrics`: a replica's and a tenant's figures are
+Populations as in `prefixshield.simulator.metrics`: a replica's and a tenant's figures are
 over their *measured* requests; the load columns count every request routed.
 """
 
@@ -34,7 +34,7 @@ def _figures(m: pd.DataFrame) -> dict:
 
 
 def with_bound(result: RunResult) -> pd.DataFrame:
-    """The fleet run's records with ``bound_cached_tokens`` (see :mod:`.bound`)."""
+    """The fleet run's records with ``bound_cached_tokens`` (see `bound`)."""
     fl = result.fleet
     rec = result.records.copy()
     rec["bound_cached_tokens"] = bound_cached_tokens(rec, fl.hashes, fl.hash_offsets,
@@ -68,7 +68,7 @@ def replica_table(result: RunResult, rec: pd.DataFrame | None = None) -> pd.Data
 
 def tenant_table(result: RunResult, rec: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per tenant (group) across the fleet: ``role``, ``requests`` (measured), the
-    figures of :func:`replica_table`, ``replicas`` (how many served it) and ``top_share``
+    figures of `replica_table`, ``replicas`` (how many served it) and ``top_share``
     (the share of its requests on its busiest replica: 1.0 = pinned to one)."""
     rec = with_bound(result) if rec is None else rec
     rows = []
@@ -116,7 +116,7 @@ replica) is above this, or when a replica received no request."""
 
 def routing_warning(result: RunResult) -> str | None:
     """None when every replica received requests and the load spread is at most
-    :data:`LOAD_WARN`; else one line naming the router, the idle replicas and the spread, and
+    `LOAD_WARN`; else one line naming the router, the idle replicas and the spread, and
     the cause where the router's rule gives one: under ``session``, how many distinct keys the
     trace has for the replicas and the share of the busiest key (a tenant whose requests all
     share one ``prefix_id`` -- one root -- is one key, pinned to one replica); under

@@ -1,28 +1,28 @@
 """A fleet replica that receives its requests from the router while it runs (lockstep mode).
 
-:class:`LockstepReplica` is the :class:`~prefixshield.simulator.engine.Engine` -- the same
+`LockstepReplica` is the [`Engine`][prefixshield.simulator.engine.Engine] -- the same
 scheduler, pool, policy and step code -- built over the whole trace, whose arrivals are the
-rows the router sends it (:meth:`deliver`) instead of every row. Two things in a single engine
+rows the router sends it (`deliver`) instead of every row. Two things in a single engine
 look ahead at the next arrival, which a replica does not know until the router decides:
 
 * the arrival process schedules the next arrival's timeout right after an arrival;
 * a coalesced decode jump stops at the first step boundary at or after the next arrival.
 
-Both are asked of the engine's arrival source (:mod:`prefixshield.simulator.arrivals`), here a
-:class:`RoutedArrivals`, and both wait on a :class:`~prefixshield.fleet.slots.Slot`: the event id is taken when the single
+Both are asked of the engine's arrival source (`prefixshield.simulator.arrivals`), here a
+`RoutedArrivals`, and both wait on a `Slot`: the event id is taken when the single
 engine would schedule, the time is set when the next row is routed here (or, for a jump, when
-no later row can change its length: see :meth:`jump_settles`, and :meth:`close`). So a replica
+no later row can change its length: see `jump_settles`, and `close`). So a replica
 given the rows R runs exactly as a single engine over the sub-trace R: same steps, same times,
 same records (the identity test in ``tests/fleet``). It takes the per-step path (batched, or
 step-by-step for non-default schedulers), never the fused loop, which needs every arrival up
 front.
 
 The replicas of one run serve disjoint rows of one trace, so they share what is per request
-(:class:`SharedRows`): the arrays read from the trace, the per-request results (each row is
+(`SharedRows`): the arrays read from the trace, the per-request results (each row is
 written only by the replica it was routed to), and the token ids and block hashes, built once
-for the fleet instead of once per replica (:class:`~prefixshield.simulator.engine.Engine`'s
+for the fleet instead of once per replica ([`Engine`][prefixshield.simulator.engine.Engine]'s
 ``rows_of``). A replica owns only its run state (pool, policy, environment, queues, logs), its
-arrival source (:class:`RoutedArrivals`) and its scheduler; memory then grows with requests + replicas x blocks, not
+arrival source (`RoutedArrivals`) and its scheduler; memory then grows with requests + replicas x blocks, not
 replicas x requests.
 """
 
@@ -43,7 +43,7 @@ from prefixshield.simulator.records import build_records
 
 class _ChunkCache:
     """Token ids and block hashes of the whole trace for every replica: the last
-    :attr:`KEEP` chunks built (:class:`~prefixshield.simulator.engine._Chunks`, each a run of
+    `KEEP` chunks built (`_Chunks`, each a run of
     consecutive rows), searched newest first; a row in none of them starts a new one. Arrivals
     come in trace order across the fleet and the replicas' queue heads lag them a little, so
     nearly every row is built once (each replica's own two chunk streams over the whole trace
@@ -59,7 +59,7 @@ class _ChunkCache:
 
     def get(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Row ``i``'s token ids (prompt then output) and full-block hashes (read-only views:
-        the same values :class:`_Chunks` gives a single engine)."""
+        the same values `_Chunks` gives a single engine)."""
         for c in reversed(self.chunks):
             if c.lo <= i < c.hi:
                 return c.get(i)
@@ -81,12 +81,12 @@ class SharedRows:
 
     Attributes:
         template: the replica whose per-request arrays every replica uses.
-        chunks: the fleet's token ids and block hashes (:class:`_ChunkCache`).
+        chunks: the fleet's token ids and block hashes (`_ChunkCache`).
     """
 
     SHARED = tuple(f.name for f in rq.TRACE_FIELDS + rq.RESULT_FIELDS
                    if f.name not in ("request_id", "role", "measured")) + (rq.STATE_MATRIX,)
-    """The declared per-request arrays (:mod:`prefixshield.simulator.requests`) every replica
+    """The declared per-request arrays (`prefixshield.simulator.requests`) every replica
     holds as the template's own (``request_id``, ``role``, ``measured`` are read from the
     shared trace)."""
 
@@ -97,7 +97,7 @@ class SharedRows:
 
     def check(self, replica: Engine) -> None:
         """Raise ``AssertionError`` unless ``replica`` holds the template's arrays
-        (:attr:`SHARED`)."""
+        (`SHARED`)."""
         for name in self.SHARED:
             if getattr(replica, name) is not getattr(self.template, name):
                 raise AssertionError(f"replica's {name} is not the shared rows'")
@@ -110,10 +110,10 @@ class SharedRows:
 
 
 class RoutedArrivals(ArrivalSource):
-    """A lockstep replica's arrivals (an :class:`~prefixshield.simulator.arrivals.
-    ArrivalSource`): the rows the router sends it (:meth:`deliver`), in arrival order, each at
+    """A lockstep replica's arrivals (an `ArrivalSource`):
+    the rows the router sends it (`deliver`), in arrival order, each at
     its ``arrival_s``. Where a single engine would look ahead at its next arrival, this one
-    waits on a :class:`~prefixshield.fleet.slots.Slot` until the router decides (see the
+    waits on a `Slot` until the router decides (see the
     module docstring).
 
     Attributes:
@@ -213,13 +213,13 @@ class RoutedArrivals(ArrivalSource):
 
 class LockstepReplica(Engine):
     """An engine over the whole ``trace`` that serves only the rows delivered to it (its
-    arrival source a :class:`RoutedArrivals`).
+    arrival source a `RoutedArrivals`).
 
-    Args: those of :class:`Engine` (``fused`` is forced off), and ``shared``: the
-    :attr:`shared` of the run's first replica (built over the same trace, cost, config and
-    contracts), whose per-request arrays this one then uses (:class:`Engine`'s ``rows_of``);
-    None: this is the first. Call :meth:`start`, then :meth:`advance` / :meth:`deliver` in
-    arrival order, then :meth:`close` and :meth:`finish`.
+    Args: those of `Engine` (``fused`` is forced off), and ``shared``: the
+    `shared` of the run's first replica (built over the same trace, cost, config and
+    contracts), whose per-request arrays this one then uses (`Engine`'s ``rows_of``);
+    None: this is the first. Call `start`, then `advance` / `deliver` in
+    arrival order, then `close` and `finish`.
     """
 
     def __init__(self, *args, shared: SharedRows | None = None, **kwargs) -> None:
@@ -257,11 +257,11 @@ class LockstepReplica(Engine):
         self.done = super().start()
 
     def horizon(self, t: float) -> float:
-        """:meth:`RoutedArrivals.horizon`."""
+        """`RoutedArrivals.horizon`."""
         return self.routed.horizon(t)
 
     def jump_settles(self, t: float) -> bool:
-        """:meth:`RoutedArrivals.jump_settles`."""
+        """`RoutedArrivals.jump_settles`."""
         return self.routed.jump_settles(t)
 
     def advance(self, t: float) -> None:
@@ -287,7 +287,7 @@ class LockstepReplica(Engine):
         self._wake()
 
     def finish(self) -> None:
-        """Run to the end (after :meth:`close`); an error of the engine is raised here."""
+        """Run to the end (after `close`); an error of the engine is raised here."""
         self.env.run(until=self.done)
 
     # ---------------------------------------------------------------- what routers read

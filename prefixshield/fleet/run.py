@@ -1,7 +1,7 @@
 """Run one policy over a fleet: build the router and the replicas, run them in split or
-lockstep mode, and merge what they produced into one :class:`~prefixshield.simulator.engine.
-RunResult` (every summary, table and comparison of a single engine then reads a fleet too) with
-the per-replica results attached (:class:`FleetRun`)."""
+lockstep mode, and merge what they produced into one `RunResult`
+(every summary, table and comparison of a single engine then reads a fleet too) with
+the per-replica results attached (`FleetRun`)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from prefixshield.traces.schema import Trace
 
 @dataclass
 class FleetRun:
-    """What a fleet run adds to the merged :class:`RunResult` (its ``fleet`` attribute).
+    """What a fleet run adds to the merged `RunResult` (its ``fleet`` attribute).
 
     Attributes:
         config: the fleet's settings.
@@ -60,11 +60,11 @@ class ReplicaTask:
 
     Attributes:
         replica: its index in the fleet.
-        trace: its share of the trace (:func:`~prefixshield.fleet.split.sub_trace`).
+        trace: its share of the trace (`sub_trace`).
         make_policy: builds its fresh policy (picklable for the process and Ray executors, e.g.
-            a :func:`functools.partial` of :func:`prefixshield.policies.make_policy` over the
+            a `functools.partial` of `prefixshield.policies.make_policy` over the
             policy's name and parameters).
-        cost, config, contracts: as for :class:`Engine`.
+        cost, config, contracts: as for [`Engine`][prefixshield.simulator.engine.Engine].
     """
 
     replica: int
@@ -114,10 +114,10 @@ def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
         trace: the requests (validated).
         make_policy: a fresh policy for one replica (called once per replica). With a process
             or Ray ``executor`` it must be picklable (not a lambda).
-        cost, config, contracts: as for :class:`Engine`, the same for every replica.
+        cost, config, contracts: as for `Engine`, the same for every replica.
         fleet: replicas, router, mode, ledger.
         executor: where a split run's replicas run (an executor of
-            :mod:`prefixshield.experiments.executors`, a task a replica); None: one after
+            `prefixshield.experiments.executors`, a task a replica); None: one after
             another in this process. Lockstep runs always run here (one loop drives every
             replica). The result is the same on every executor.
 
@@ -125,8 +125,8 @@ def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
         The merged result: records of every row (trace order) with a ``replica`` column,
         evictions summed, occupancy and held blocks summed over replicas (fleet-wide step
         functions), creations of every replica by time, steps and events summed; its
-        ``fleet`` attribute is the :class:`FleetRun`. Raises
-        :class:`~prefixshield.simulator.engine.EngineError` as a replica's engine does.
+        ``fleet`` attribute is the `FleetRun`. Raises
+        [`EngineError`][prefixshield.simulator.engine.EngineError] as a replica's engine does.
     """
     # only PrefixShield keeps buckets; under any other policy the fleet ledger changes nothing
     probe = make_policy()   # lockstep's first replica's policy (split tasks build their own)
@@ -175,7 +175,7 @@ def _sum_series(ts: list[np.ndarray], vs: list[np.ndarray]) -> tuple[np.ndarray,
 
 
 def merge(results: list[RunResult], assignment: np.ndarray) -> RunResult:
-    """One fleet-wide :class:`RunResult` from the replicas' (see :func:`run_fleet`)."""
+    """One fleet-wide `RunResult` from the replicas' (see `run_fleet`)."""
     first = results[0]
     n = assignment.shape[0]
     parts = []

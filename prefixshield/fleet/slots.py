@@ -4,12 +4,12 @@ SimPy processes the events of one instant in the order they were scheduled (its 
 heap keyed by ``(time, priority, event id)``, the id counting up at every scheduling). A
 single engine schedules its next arrival's timeout right after the previous arrival, and its
 decode jump's timeout when the jump starts; a fleet replica learns the time of either only
-later, when the router sends it a request. A :class:`Slot` takes the event id at the moment the
-single engine would have scheduled, and :meth:`Slot.fire` puts the event in the queue with that
+later, when the router sends it a request. A `Slot` takes the event id at the moment the
+single engine would have scheduled, and `Slot.fire` puts the event in the queue with that
 id and the time the single engine would have computed (``then + delay``, the same float
 operation), so the replica processes its events in exactly the single engine's order.
 
-This reads two attributes of :class:`simpy.Environment` that are not public API
+This reads two attributes of `simpy.Environment` that are not public API
 (``_eid``, ``_queue``; SimPy 4); the fleet's identity tests break if they change.
 """
 

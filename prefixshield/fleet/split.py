@@ -24,7 +24,7 @@ def tenants_of(trace: Trace) -> dict[str, list[str]]:
 def sub_trace(trace: Trace, rows: np.ndarray,
               tenants: dict[str, list[str]] | None = None) -> Trace:
     """The rows ``rows`` (sorted) of ``trace`` as a trace of their own, with every tenant of
-    ``trace`` declared (``tenants``: :func:`tenants_of` of ``trace``, given when it is split
+    ``trace`` declared (``tenants``: `tenants_of` of ``trace``, given when it is split
     many ways: reading them scans the whole trace)."""
     meta = dict(trace.meta)
     meta["tenants"] = tenants_of(trace) if tenants is None else tenants
@@ -33,8 +33,8 @@ def sub_trace(trace: Trace, rows: np.ndarray,
 
 
 def pack_trace(trace: Trace) -> dict[str, Any]:
-    """``trace`` in a form that pickles fast (:func:`unpack_trace` restores it): the request
-    table without its two list columns, and those as flat arrays (:meth:`Trace.segments`).
+    """``trace`` in a form that pickles fast (`unpack_trace` restores it): the request
+    table without its two list columns, and those as flat arrays (`Trace.segments`).
     Pickling the list cells costs about 9 us a row each way (an array object per cell), more
     than a split replica's whole run; the flat arrays pickle as two buffers."""
     seg = trace.segments()
@@ -44,7 +44,7 @@ def pack_trace(trace: Trace) -> dict[str, Any]:
 
 
 def unpack_trace(packed: dict[str, Any]) -> Trace:
-    """The trace :func:`pack_trace` packed: the same columns in the same order, each list cell
+    """The trace `pack_trace` packed: the same columns in the same order, each list cell
     an int64 array of the same values, and the flat segments handed over."""
     seg = Segments(*packed["segments"])
     df = packed["requests"].assign(segment_ids=cells_of(seg.ids, seg.offsets),

@@ -3,18 +3,18 @@
 The engine is vLLM's offline ``LLMEngine`` in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
 with prefix caching, ``num_gpu_blocks_override = num_blocks``, token-id prompts and
 ``skip_tokenizer_init=True``, eager mode; the block pool is the plugin's
-:class:`~prefixshield.live.plugin.PolicyBlockPool` (the plugin is installed here directly,
+`PolicyBlockPool` (the plugin is installed here directly,
 entry point or not, and the class vLLM instantiated is checked). Each trace row becomes one
-request: prompt token ids from its segments (:func:`prefixshield.traces.tokens.prompt_token_ids`
+request: prompt token ids from its segments (`prefixshield.traces.tokens.prompt_token_ids`
 with the trace's seed and vocabulary), ``cache_salt = group``, and
 ``SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, temperature=0,
 extra_args={"prefixshield_contract": contract, "prefixshield_prefix_id": prefix_id,
 "prefixshield_forced_output": ids})``: with ``force_outputs`` (the default) the engine runs
-:class:`~prefixshield.live.forcing.ForcedOutputLogitsProcessor`, so each request generates
+`ForcedOutputLogitsProcessor`, so each request generates
 exactly the output token ids the simulator gives it, and a later turn that quotes an earlier
 turn's output hits the same decode blocks in both worlds (the replay checks every generated id).
-Every engine step that scheduled work is recorded (:class:`StepRecorder`) for the step-time
-replay of :mod:`prefixshield.validate.steptimes`.
+Every engine step that scheduled work is recorded (`StepRecorder`) for the step-time
+replay of `prefixshield.validate.steptimes`.
 
 Submission (both modes drive ``LLMEngine.add_request`` + ``step()`` ourselves, which is what
 ``LLM.generate`` does inside, so that first-token times are observed at step granularity):
@@ -44,7 +44,7 @@ pins this whole process, so ``VLLM_CPU_OMP_THREADS_BIND=nobind`` is set unless a
 with two torch threads a step takes ~100 ms instead of ~1 ms whenever another process holds the
 other core, so the engine runs with one thread (``LiveEngineConfig.cpu_threads``); and the CPU
 worker replaces ``torch.set_num_threads`` with a no-op for the whole process — the engine puts
-the real function back after start-up and restores the thread count on :meth:`LiveEngine.close`.
+the real function back after start-up and restores the thread count on `LiveEngine.close`.
 
 TTFT on the live side counts from ``add_request`` (vLLM's input processing included), on the
 simulated side from arrival to the end of the first step, so the simulator reads lower by about
@@ -78,7 +78,7 @@ class LiveEngineConfig:
 
     Attributes:
         model_dir: model directory (e.g. from
-            :func:`~prefixshield.live.tinymodel.write_tiny_model`).
+            `write_tiny_model`).
         num_blocks: KV blocks, null block included (``num_gpu_blocks_override``).
         block_size: tokens per block (a multiple of 32 on the CPU backend).
         max_num_seqs: most running requests.
@@ -89,7 +89,7 @@ class LiveEngineConfig:
         cpu_threads: torch threads on the CPU backend (None: leave the process setting). One
             thread keeps step times stable on a shared machine: with two, a step waits ~100 ms
             whenever another process holds the other core.
-        force_outputs: install :class:`~prefixshield.live.forcing.ForcedOutputLogitsProcessor`
+        force_outputs: install `ForcedOutputLogitsProcessor`
             so every replayed request generates exactly the simulator's output token ids (False:
             the model's own greedy tokens; only their number is forced).
         llm_kwargs: further ``vllm.LLM`` keyword arguments.
@@ -140,12 +140,12 @@ class LiveResult:
             ``RequestOutput.metrics.first_token_latency`` when stats logging is on, else NaN).
         policy: policy name.
         serialize: submission mode.
-        facts: engine facts (see :meth:`LiveEngine.facts`).
+        facts: engine facts (see [`LiveEngine.facts`][prefixshield.live.engine.LiveEngine.facts]).
         pool_stats: the pool's
-            :meth:`~prefixshield.live.plugin.PolicyBlockPool.prefixshield_stats`.
+            `prefixshield_stats`.
         wall_s: seconds the replay took.
-        steps: one row per engine step that scheduled work (see :class:`StepRecorder`).
-        scheduler: the :class:`~prefixshield.scheduling.SchedulerConfig` the replay ran
+        steps: one row per engine step that scheduled work (see `StepRecorder`).
+        scheduler: the `SchedulerConfig` the replay ran
             (vLLM's FCFS without limits by default).
     """
 
@@ -161,7 +161,7 @@ class LiveResult:
 
 STEP_COLUMNS = ("start_s", "end_s", "seconds", "prefill_tokens", "decode_seqs",
                 "context_tokens", "new_requests", "num_requests", "scheduled_tokens")
-"""Columns of :attr:`LiveResult.steps`."""
+"""Columns of `LiveResult.steps`."""
 
 
 class StepRecorder:
@@ -237,7 +237,7 @@ class StepRecorder:
         return True
 
     def frame(self) -> pd.DataFrame:
-        """The recorded steps (:data:`STEP_COLUMNS`)."""
+        """The recorded steps ([`STEP_COLUMNS`][prefixshield.live.engine.STEP_COLUMNS])."""
         df = pd.DataFrame(self.rows, columns=list(STEP_COLUMNS))
         for c in STEP_COLUMNS[3:]:
             df[c] = df[c].astype(np.int64)
@@ -253,10 +253,10 @@ def _configure_process_env() -> None:
 class LiveEngine:
     """An in-process vLLM engine with the prefixshield plugin, reusable across replays.
 
-    The engine starts without a policy (vLLM's own behaviour); :meth:`replay` installs the
+    The engine starts without a policy (vLLM's own behaviour); `replay` installs the
     requested policy on the pool (every block is free between replays; the prefix cache is reset
     so every replay starts cold, as a fresh engine would). Use as a context manager or call
-    :meth:`close`.
+    [`close`][prefixshield.live.engine.LiveEngine.close].
     """
 
     def __init__(self, config: LiveEngineConfig) -> None:
@@ -379,7 +379,7 @@ class LiveEngine:
 
     def native(self) -> None:
         """Remove the installed policy (vLLM's own block pool behaviour, prefix cache reset);
-        every block must be free. :meth:`replay` installs its policy again."""
+        every block must be free. `replay` installs its policy again."""
         self.pool.install_policy(None)
 
     # ------------------------------------------------------------------ replay
@@ -390,7 +390,7 @@ class LiveEngine:
     def _abort_stuck(self, unfinished: list[str], index: dict[str, int], df: pd.DataFrame,
                      policy_name: str) -> None:
         """Abort the ``unfinished`` requests (external ids; the pool is free again afterwards)
-        and raise :class:`LiveError` naming the waiting head that can never be admitted."""
+        and raise `LiveError` naming the waiting head that can never be admitted."""
         head = next(iter(self.scheduler.waiting), None)
         what = "the waiting head"
         if head is not None:
@@ -426,10 +426,10 @@ class LiveEngine:
             force_outputs: generate the simulator's output tokens (None: the engine's
                 ``force_outputs``; True needs an engine built with it).
             scheduler: the scheduling policy and per-tenant limits
-                (:class:`~prefixshield.scheduling.SchedulerConfig`; None: vLLM's FCFS without
-                limits), installed for this replay as :mod:`prefixshield.live.scheduling` says;
+                (`SchedulerConfig`; None: vLLM's FCFS without
+                limits), installed for this replay as `prefixshield.live.scheduling` says;
                 one the live mode cannot run, or that names a group the trace lacks, is a
-                :class:`LiveError` before any request is submitted.
+                [`LiveError`][prefixshield.live.engine.LiveError] before any request is submitted.
         """
         from vllm import SamplingParams
 
@@ -647,7 +647,7 @@ def replay_live(trace: Trace, policy_name: str, model_dir: str, num_blocks: int,
                 dtype: str = "float32", llm_kwargs: dict[str, Any] | None = None) -> LiveResult:
     """Replay ``trace`` on a real in-process vLLM with ``policy_name`` installed by the plugin.
 
-    Builds a :class:`LiveEngine` (and closes it afterwards) unless ``engine`` is given, in which
+    Builds a `LiveEngine` (and closes it afterwards) unless ``engine`` is given, in which
     case that engine is reused and the engine arguments here are ignored. See the module
     docstring for the submission modes and what is recorded; units are tokens and seconds.
     """

@@ -4,10 +4,10 @@ A later turn of a multi-turn trace quotes the earlier turn's output (its prompt 
 earlier row's ``output_segment_id``), so decode-block reuse is only comparable between the two
 worlds when the live model *generates* those same ids. The simulator's output tokens of row
 ``i`` are segment ``output_segment_id[i]`` under the trace seed, or, when that id is negative,
-segment ``i`` under ``seed ^ OUTPUT_SEED_SALT`` (:func:`output_token_ids` builds both, and
+segment ``i`` under ``seed ^ OUTPUT_SEED_SALT`` (`output_token_ids` builds both, and
 ``tests/live/test_forcing.py`` holds it to the engine's own sequences).
 
-:class:`ForcedOutputLogitsProcessor` is a vLLM v1 logits processor (installed with
+`ForcedOutputLogitsProcessor` is a vLLM v1 logits processor (installed with
 ``LLM(logits_processors=[ForcedOutputLogitsProcessor])``): a request whose
 ``SamplingParams.extra_args`` carries ``prefixshield_forced_output`` (a list of token ids) gets,
 at output position ``p``, every logit set to ``-inf`` except ``forced[p]`` (set to 0), so greedy
@@ -44,7 +44,7 @@ def output_token_ids(trace_seed: int, row: int, output_segment_id: int, output_t
 
 
 def make_processor_class():
-    """The :class:`ForcedOutputLogitsProcessor` class (built on first use: it subclasses vLLM's
+    """The `ForcedOutputLogitsProcessor` class (built on first use: it subclasses vLLM's
     ``LogitsProcessor``, so importing this module does not import vLLM)."""
     global ForcedOutputLogitsProcessor
     if ForcedOutputLogitsProcessor is not None:
@@ -110,4 +110,4 @@ def make_processor_class():
 
 
 ForcedOutputLogitsProcessor = None
-"""The processor class once :func:`make_processor_class` has built it (None before)."""
+"""The processor class once `make_processor_class` has built it (None before)."""

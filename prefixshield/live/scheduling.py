@@ -1,6 +1,6 @@
 """The simulator's schedulers in a live vLLM 0.32 engine, installed at the scheduler's queue.
 
-What runs live, per :class:`~prefixshield.scheduling.SchedulerConfig`:
+What runs live, per [`SchedulerConfig`][prefixshield.scheduling.config.SchedulerConfig]:
 
 * ``fcfs`` without limits: vLLM's own scheduler, untouched.
 * ``priority`` without limits: vLLM's own ``priority`` policy -- the scheduler's ``policy`` is
@@ -8,7 +8,7 @@ What runs live, per :class:`~prefixshield.scheduling.SchedulerConfig`:
   ``scheduling_policy="priority"`` builds at start-up (vLLM reads ``policy`` only there and in
   the preemption branch of ``schedule``), and each request is submitted with its group's
   priority. This is vLLM's code, not ours: the live run checks the simulator's model of it.
-* per-tenant limits (any scheduler), ``vtc`` and ``kvtc``: :class:`TenantRequestQueue` replaces
+* per-tenant limits (any scheduler), ``vtc`` and ``kvtc``: `TenantRequestQueue` replaces
   the scheduler's waiting queue. It holds the very scheduler class the simulator runs (same
   order, same counters, same eligibility test) and answers vLLM's ``peek_request`` /
   ``pop_request`` with its choice among the requests its group's limits let through; when
@@ -32,7 +32,7 @@ What runs live, per :class:`~prefixshield.scheduling.SchedulerConfig`:
 Nothing of vLLM 0.32's scheduler is out of reach for these four: the queue is an object vLLM
 calls through a small interface, and the victim rule is the one branch that reads a request
 attribute we can set. What the live mode does *not* reproduce is listed in
-:func:`check_supported`'s errors (a scheduler class from another package).
+`check_supported`'s errors (a scheduler class from another package).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def check_supported(config: SchedulerConfig) -> None:
 
 
 def uses_queue(config: SchedulerConfig) -> bool:
-    """Whether ``config`` needs :class:`TenantRequestQueue` (VTC, or admission limits) rather
+    """Whether ``config`` needs `TenantRequestQueue` (VTC, or admission limits) rather
     than one of vLLM's own queues."""
     return config.name in ("vtc", "kvtc") or any(
         lim.max_running is not None or lim.max_blocks is not None for _, lim in config.limits)
@@ -200,7 +200,7 @@ class TenantRequestQueue(_request_queue_base()):
         self.sched.arrive(item)
 
     def pop_request(self):
-        """Admit the request :meth:`peek_request` chose (vLLM pops right after peeking)."""
+        """Admit the request `peek_request` chose (vLLM pops right after peeking)."""
         item = self._peeked if self._peeked is not None else self._choice()
         if item is None:
             raise IndexError("pop from a queue with no eligible request")
@@ -254,19 +254,19 @@ class TenantRequestQueue(_request_queue_base()):
 
 
 class LiveScheduling:
-    """Installs a :class:`SchedulerConfig` on a live vLLM scheduler for one replay (a context
+    """Installs a `SchedulerConfig` on a live vLLM scheduler for one replay (a context
     manager; the scheduler must have nothing waiting or running).
 
     Args:
         vllm_scheduler: the engine core's ``Scheduler``.
         config: the scheduling policy and limits (``check_supported`` must accept it).
-        groups: the trace's group names (:meth:`Trace.group_names`), as the simulator numbers
+        groups: the trace's group names (`Trace.group_names`), as the simulator numbers
             them.
         group_id: per trace row, the group id.
         arrival_s: per trace row, the arrival the scheduler orders by (seconds).
 
     Attributes:
-        queue: the :class:`TenantRequestQueue` (None when vLLM's own queue runs).
+        queue: the `TenantRequestQueue` (None when vLLM's own queue runs).
         priority: per group, the priority requests are submitted with.
     """
 

@@ -5,7 +5,7 @@ output lengths (``min_tokens = max_tokens``, ``ignore_eos``) makes the token val
 the cache. So the live mode and calibration need only a directory that vLLM can load with
 ``skip_tokenizer_init=True`` and token-id prompts: a ``config.json`` plus safetensors weights.
 
-Architectures (:data:`ARCHS`):
+Architectures (`ARCHS`):
 
 * ``tiny-qwen2`` — Qwen2, 2 layers, hidden 128, 2 attention heads and 1 KV head (head_dim 64:
   vLLM's CPU attention rejects head_dim 16 and accepts 64), intermediate 256, vocab 1000 (the
@@ -124,7 +124,7 @@ MARKER_FILE = "prefixshield_model.json"
 def model_config(arch: str = "tiny-qwen2") -> dict[str, Any]:
     """The ``config.json`` dict of ``arch`` (a copy); unknown names raise ``KeyError``.
 
-    This is the dry run of :func:`write_tiny_model`: nothing is built or written.
+    This is the dry run of `write_tiny_model`: nothing is built or written.
     """
     try:
         return copy.deepcopy(ARCHS[arch])
@@ -200,7 +200,7 @@ def write_tiny_model(out_dir: str | os.PathLike, arch: str = "tiny-qwen2", seed:
         out_dir: target directory; must not exist (or be empty) unless ``overwrite``. The model is
             written into a temporary sibling directory and renamed at the end, so a crash never
             leaves a half-written model under ``out_dir``.
-        arch: a key of :data:`ARCHS`.
+        arch: a key of `ARCHS`.
         seed: RNG seed; the same seed gives bit-identical weights.
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"`` (None: the architecture's own,
             float32 for tiny-qwen2, bfloat16 for the Qwen2.5 shapes).
@@ -209,7 +209,7 @@ def write_tiny_model(out_dir: str | os.PathLike, arch: str = "tiny-qwen2", seed:
         overwrite: replace an existing non-empty ``out_dir``.
 
     Files: ``config.json``, ``model.safetensors`` (or ``model-0000k-of-0000n.safetensors`` +
-    ``model.safetensors.index.json``) and :data:`MARKER_FILE`. No tokenizer: run vLLM with
+    ``model.safetensors.index.json``) and `MARKER_FILE`. No tokenizer: run vLLM with
     ``skip_tokenizer_init=True`` and token-id prompts.
     """
     import torch

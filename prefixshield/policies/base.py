@@ -26,19 +26,19 @@ puts freed blocks that carry no hash at the head (they are reused first)."""
 class Policy(ABC):
     """Contract between the block pool and a replacement policy.
 
-    Before anything else the driver calls :meth:`bind_tenants` once, naming the groups and
+    Before anything else the driver calls `bind_tenants` once, naming the groups and
     contracts whose ids later calls use. Then the pool calls, in vLLM's order:
 
-    * :meth:`on_release` when blocks reach ref_cnt 0 (they become free candidates);
-    * :meth:`on_acquire` when free cached blocks are taken back into use by a prefix hit;
-    * :meth:`select_victims` when a request needs ``n`` new blocks; the returned blocks leave the
+    * `on_release` when blocks reach ref_cnt 0 (they become free candidates);
+    * `on_acquire` when free cached blocks are taken back into use by a prefix hit;
+    * `select_victims` when a request needs ``n`` new blocks; the returned blocks leave the
       policy's free set and the pool drops the hash of each cached one (an eviction);
-    * :meth:`on_materialize` when a request caches newly computed full blocks;
-    * :meth:`on_hit` when a request reuses cached blocks (in use or free);
-    * :meth:`on_request_finished` when a request has ended.
+    * `on_materialize` when a request caches newly computed full blocks;
+    * `on_hit` when a request reuses cached blocks (in use or free);
+    * `on_request_finished` when a request has ended.
 
     Invariant kept by every policy: the set of blocks it holds as free is exactly the set of
-    non-null blocks with ref_cnt 0, and :meth:`num_free` is its size.
+    non-null blocks with ref_cnt 0, and `num_free` is its size.
     """
 
     name: ClassVar[str]
@@ -90,10 +90,10 @@ class Policy(ABC):
     def on_hit(self, blocks: np.ndarray, group: int, contract: int, prefix_id: int,
                now: float, *, root=None) -> None:
         """``blocks`` are cached blocks reused by a request of ``group`` (before on_acquire);
-        ``root`` as in :meth:`on_materialize`."""
+        ``root`` as in [`on_materialize`][prefixshield.policies.base.Policy.on_materialize]."""
 
     def on_request_finished(self, request_id: int) -> None:
-        """Request ``request_id`` (as passed to :meth:`on_materialize`) ended; it will not
+        """Request ``request_id`` (as passed to `on_materialize`) ended; it will not
         materialize again (a preempted request has not ended)."""
 
     @abstractmethod
@@ -109,13 +109,13 @@ class Policy(ABC):
         """The most blocks one group may hold in a pool of ``num_blocks`` configured blocks
         shared by ``num_groups`` groups, with nothing else running: a request needing more
         can never be admitted. Default: every usable block (``num_blocks - 1``); a policy that
-        caps a group (a quota) overrides this and :meth:`pool_for`."""
+        caps a group (a quota) overrides this and `pool_for`."""
         return int(num_blocks) - 1
 
     @classmethod
     def pool_for(cls, need_blocks: int, num_groups: int) -> int:
         """The smallest configured pool in which one group of ``num_groups`` may hold
-        ``need_blocks`` blocks (the inverse of :meth:`group_capacity`)."""
+        ``need_blocks`` blocks (the inverse of `group_capacity`)."""
         return max(2, int(need_blocks) + 1)
 
     @abstractmethod
@@ -140,18 +140,18 @@ POLICY_MODULES: dict[str, str] = {
     "static_quota": "prefixshield.policies.static_quota",
 }
 """The one list of policies: name -> the module whose class registers itself under that name
-(:func:`register_policy`). A module is imported the first time its policy is looked up, so a run
+(`register_policy`). A module is imported the first time its policy is looked up, so a run
 of one policy does not build the numba dispatchers of the others at start-up."""
 
 POLICIES = LazyRegistry("policy", POLICY_MODULES, group="prefixshield.policies")
 """The registry: policy name -> class, a read-only mapping (a policy's module is imported on the
-first look-up of its name); each class adds itself with :func:`register_policy`. Other installed
+first look-up of its name); each class adds itself with `register_policy`. Other installed
 packages add policies in the entry-point group ``prefixshield.policies`` (see
-:mod:`prefixshield.lazyregistry`)."""
+[`prefixshield.lazyregistry`][prefixshield.lazyregistry])."""
 
 
 def register_policy(cls: type[Policy]) -> type[Policy]:
-    """Class decorator: add ``cls`` to :data:`POLICIES` under ``cls.name``."""
+    """Class decorator: add ``cls`` to `POLICIES` under ``cls.name``."""
     POLICIES.register(cls.name, cls)
     return cls
 

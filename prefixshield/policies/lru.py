@@ -46,9 +46,9 @@ def _replay_keys(keys, hits, block_of, key_of, prev, nxt, member, length, num_bl
 # equal, request for request and state for state) over scratch arrays:
 #
 # * ``tab``: one open-addressing table (linear probing, Fibonacci hashing, backward-shift
-#   deletion, as :mod:`~prefixshield.policies.kernels.hashtable`) with each key and its block
+#   deletion, as `hashtable`) with each key and its block
 #   side by side (``tab[2j]``, ``tab[2j + 1]``), so that a hit reads its block from the cache
-#   line its probe loaded; sized by :func:`_table_bits`.
+#   line its probe loaded; sized by `_table_bits`.
 # * ``slot_of``: per block, the slot of its key's entry or -1 (a block never given content), so
 #   the victim's old key is deleted without a probe; the deletion repoints ``slot_of`` at every
 #   entry it moves.
@@ -73,7 +73,7 @@ def _replay_keys(keys, hits, block_of, key_of, prev, nxt, member, length, num_bl
 
 
 def _table_bits(queued: int) -> int:
-    """log2 of ``tab``'s slots for :func:`_replay_keys_table`, the table holding at most
+    """log2 of ``tab``'s slots for `_replay_keys_table`, the table holding at most
     ``queued`` keys (the blocks in the queue): load <= 1/8 while that takes at most 2**15 slots
     (512 KiB), else load <= 1/4. Measured on the key-stream bench: at 4,096 objects load 1/8
     ran ~15% faster than 1/4 (shorter probes and backward shifts, the table still in L2); at
@@ -110,13 +110,13 @@ def _tab_delete(tab, i, shift, mask, slot_of):
 @njit(cache=True)
 def _replay_keys_table(keys, hits, block_of, key_of, prev, nxt, member, length, num_blocks, tab,
                        bits, slot_of, pn):
-    """:func:`_replay_keys` over one array hash table (see the comment above).
+    """`_replay_keys` over one array hash table (see the comment above).
 
     Scratch: ``tab`` (int64, ``2 * 2**bits``, filled with -1; ``bits`` from
-    :func:`_table_bits` of ``length[0]``), ``slot_of`` (int64, ``num_blocks``, filled with -1)
+    `_table_bits` of ``length[0]``), ``slot_of`` (int64, ``num_blocks``, filled with -1)
     and ``pn`` (int32, ``2 * prev.shape[0]``). Returns 0, or -1, having changed nothing but the
     scratch, when the state is not one the pure driver leaves (the caller then runs
-    :func:`_replay_keys`)."""
+    `_replay_keys`)."""
     shift = np.uint64(64 - bits)
     mask = (1 << bits) - 1
     n = keys.shape[0]
@@ -225,19 +225,19 @@ class LRUPolicy(Policy):
     def replay_keys(self, keys: np.ndarray, block_of, key_of: np.ndarray,
                     table: bool = True) -> np.ndarray:
         """The pure cache driver's loop in one kernel (see
-        :func:`prefixshield.simulator.cachedriver.replay_keys`); same decisions, no Python per key.
+        `prefixshield.simulator.cachedriver.replay_keys`); same decisions, no Python per key.
 
         Args:
             keys: int64 content keys, one per request.
             block_of: numba typed Dict content key -> block (updated).
             key_of: int64 per block, its content key or -1 (updated).
-            table: run :func:`_replay_keys_table` (one array hash table of keys and blocks,
+            table: run `_replay_keys_table` (one array hash table of keys and blocks,
                 the victim's entry found through a per-block slot; the maps written once, at
                 the end) when its preconditions hold (every key >= 0, a state the pure driver
                 leaves: ``block_of`` maps exactly the blocks with a ``key_of``, all queued);
                 False (or preconditions unmet) runs the typed-Dict kernel, the oracle the table
                 kernel is tested equal to. Scratch during the call: 16 bytes per table slot
-                (2 ** :func:`_table_bits` slots, 4-8 per queued block) plus 16 per block.
+                (2 ** `_table_bits` slots, 4-8 per queued block) plus 16 per block.
 
         Returns:
             bool per request, True where it hit.

@@ -26,12 +26,12 @@ then native free order) and ``P_g -= 1/W_g(t)``; otherwise the first candidate g
 Implementation: per-(group, class) intrusive LRU lists, global per-class lists and a heap over the
 indebted groups, all in one packed buffer of numpy arrays (narrow dtypes, bounds stated in the
 kernels module) driven by the numba kernels of
-:mod:`prefixshield.policies.kernels.prefixshield_kernels` (one kernel call per event, passing the
+`prefixshield.policies.kernels.prefixshield_kernels` (one kernel call per event, passing the
 buffer; a victim costs O(log G) plus, for several victims, a pass over the groups that may
 owe; one victim walks a max tree of the groups' debt bounds instead). The pure-Python
-executable spec is :class:`prefixshield.policies.reference.prefixshield.ReferencePrefixShield`;
+executable spec is `prefixshield.policies.reference.prefixshield.ReferencePrefixShield`;
 the two agree decision for decision (tests/policies/test_prefixshield_random.py). The pure cache
-driver's loop also runs as one kernel (:meth:`PrefixShieldPolicy.replay_keys`, held to the
+driver's loop also runs as one kernel (`PrefixShieldPolicy.replay_keys`, held to the
 per-call path in tests/policies/test_prefixshield_replay.py).
 
 Interpretations of the spec, stated once here:
@@ -45,7 +45,7 @@ Interpretations of the spec, stated once here:
   chunk by chunk, each charge ``B ← B̂(t) − n``; the request's charges add up to ``n_r``), so a
   block is charged exactly once, when it is created, and the debt a later hit meets is the debt
   of the blocks created so far. The pool forgets the request at its end
-  (:meth:`on_request_finished`). ``admission="call"`` is the other reading: every call is an
+  (`on_request_finished`). ``admission="call"`` is the other reading: every call is an
   admission (a request's later chunks and decode blocks then find ``(g, prefix_id)`` admitted
   and start NORMAL if funded). A call without a request id is its own request;
 * decode blocks are charged (``charge_decode=True``): the design charges "every newly
@@ -208,7 +208,7 @@ class PrefixShieldPolicy(Policy):
         epsilon: debt tolerance ε in blocks (>= 0) for "debt cleared" and ``P_g > ε``.
         history_factor: admission-history capacity in entries per configured block: the LRU set
             holds ``max(1, int(history_factor * num_blocks))`` ``(group, prefix_id)`` pairs.
-        max_debt_samples: bound of the debt-over-time series (see :class:`DebtLog`).
+        max_debt_samples: bound of the debt-over-time series (see `DebtLog`).
         rho_scale: multiplies every bound contract's refill rate ``rho`` (the policy's view of
             the entitlement; bursts, the trace and the engine's creation meter are unchanged).
             1.0: the contracts as stated. For sweeps of "how generous is the refill".
@@ -222,7 +222,7 @@ class PrefixShieldPolicy(Policy):
     name = "prefixshield"
 
     _ledger = None
-    """A fleet-wide ledger this replica's charges are posted to (:meth:`link_ledger`); None:
+    """A fleet-wide ledger this replica's charges are posted to (`link_ledger`); None:
     the buckets are this policy's own (a copy or pickle is never linked)."""
     _replica = 0
 
@@ -446,8 +446,8 @@ class PrefixShieldPolicy(Policy):
 
     def link_ledger(self, ledger, replica: int) -> None:
         """Share the buckets of a fleet: every charge this policy makes is posted to
-        ``ledger`` (a :class:`prefixshield.fleet.ledger.FleetLedger`) as ``replica``'s, which
-        applies it to the other replicas' buckets (:meth:`remote_charge`)."""
+        ``ledger`` (a `prefixshield.fleet.ledger.FleetLedger`) as ``replica``'s, which
+        applies it to the other replicas' buckets (`remote_charge`)."""
         self._ledger = ledger
         self._replica = int(replica)
 
@@ -507,7 +507,7 @@ class PrefixShieldPolicy(Policy):
         by projected debt at ``now`` seconds (one kernel call for all ``n``).
 
         This is the hot call of the pool, so it is one kernel call with scalar arguments only
-        (:func:`~prefixshield.policies.kernels.prefixshield_kernels.select_at`, through its
+        (`select_at`, through its
         compiled entry: no array unboxing, no dispatch), which also checks ``requester`` and
         ``n`` and advances the clock. Victims are written into a preallocated chunk: the array
         returned is a slice of it that no later call writes (cheaper than allocating one per
@@ -539,7 +539,7 @@ class PrefixShieldPolicy(Policy):
     def replay_keys(self, keys: np.ndarray, block_of, key_of: np.ndarray,
                     groups: np.ndarray | None = None, contract: int = 0) -> np.ndarray:
         """The pure cache driver's loop in one kernel (see
-        :func:`prefixshield.simulator.cachedriver.replay_keys`, whose per-request calls it makes
+        `prefixshield.simulator.cachedriver.replay_keys`, whose per-request calls it makes
         decision for decision, debt-log samples included: tests/policies/
         test_prefixshield_replay.py); request i has clock ``i`` s, group ``groups[i]``
         (default 0), ``contract`` and prefix_id = its key.
@@ -594,7 +594,7 @@ class PrefixShieldPolicy(Policy):
         return list_to_array(self._gnxt, self.num_blocks, k, self._glen[k])
 
     def free_order(self) -> np.ndarray:
-        """The free blocks in the order :meth:`select_victims` would hand them out if asked for
+        """The free blocks in the order `select_victims` would hand them out if asked for
         all of them at the latest clock seen (a dry run on a copy of the state up to the
         admission history, which selection does not read; the state is untouched)."""
         n = self.num_free()
@@ -636,7 +636,7 @@ class PrefixShieldPolicy(Policy):
                     for c in range(len(self.contracts))), default=0.0)
 
     def block_classes(self) -> np.ndarray:
-        """Retention class per block (int8; meaningful where :attr:`cached`)."""
+        """Retention class per block (int8; meaningful where `cached`)."""
         return self.klass.copy()
 
     # ------------------------------------------------------------------ observability

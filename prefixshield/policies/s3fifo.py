@@ -35,7 +35,7 @@ Where the block pool adds to the cache model:
 * **acquire / release** only pin and unpin a queued block; its queue position and ``freq`` are
   untouched. (The pool calls ``on_hit`` for every hit block, in use or free.)
 * **pinned blocks** (in use: the pool's ``ref_cnt > 0``) are never reclaimed; what eviction does
-  when it meets one is specified in :class:`S3FIFOPolicy`.
+  when it meets one is specified in `S3FIFOPolicy`.
 * a reclaimed block leaves the queues; if it is materialized again it is a new object (freq 0,
   small unless its new key is in the ghost).
 * the ghost is keyed by content key (``hashes`` of ``on_materialize``) and bounded as in
@@ -71,7 +71,7 @@ class S3FIFOPolicy(Policy):
 
     Pinned blocks. A queued block is pinned from ``on_materialize`` (it is being computed) or
     ``on_acquire`` (a hit took it back) until ``on_release``; pinning never moves it. A pinned
-    block is never returned by :meth:`select_victims`. When eviction meets one:
+    block is never returned by `select_victims`. When eviction meets one:
 
     * at the small head: if ``freq >= move_to_main_threshold`` it is promoted to main with
       freq 0, exactly as an unpinned block; otherwise it is **moved to the small tail with its
@@ -220,18 +220,18 @@ class S3FIFOPolicy(Policy):
     def replay_keys(self, keys: np.ndarray, block_of, key_of: np.ndarray,
                     fused: bool = True) -> np.ndarray:
         """The pure cache driver's loop in one kernel (see
-        :func:`prefixshield.simulator.cachedriver.replay_keys`); same decisions, no Python per key.
+        `prefixshield.simulator.cachedriver.replay_keys`); same decisions, no Python per key.
 
         Args:
             keys: int64 content keys, one per request.
             block_of: numba typed Dict content key -> block (updated).
             key_of: int64 per block, its content key or -1 (updated).
-            fused: run :func:`~prefixshield.policies.kernels.s3fifo_kernels.replay_keys_fused`
+            fused: run `replay_keys_fused`
                 (the miss path inlined, one array hash table for cached and ghost keys) when its
                 preconditions hold (every key >= 0, no block pinned, a state the pure driver
                 leaves: ``block_of`` maps exactly the queued blocks); False (or preconditions
                 unmet) runs
-                :func:`~prefixshield.policies.kernels.s3fifo_kernels.replay_keys`, which calls the
+                `replay_keys`, which calls the
                 policy's own kernels per request -- the oracle the fused kernel is tested equal to.
 
         Returns:
@@ -264,7 +264,7 @@ class S3FIFOPolicy(Policy):
         return int(k.num_free(self._lists.length, self._cnt))
 
     def free_order(self) -> np.ndarray:
-        """Free blocks in the order :meth:`select_victims` would hand them out if no other event
+        """Free blocks in the order `select_victims` would hand them out if no other event
         happened: truly free ones, then the reclamation order (computed by running the eviction
         kernel on a copy of the state, ghost untouched)."""
         q = self._lists

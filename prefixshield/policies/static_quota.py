@@ -1,7 +1,7 @@
 """StaticQuota: a hard, equal partition of the usable blocks among the configured groups.
 
 Each group may own at most ``quota = floor(usable / G)`` blocks (in use plus cached), where ``G`` is
-the number of groups bound with :meth:`bind_tenants`. A group below its quota takes truly free
+the number of groups bound with `bind_tenants`. A group below its quota takes truly free
 blocks; a group at its quota reclaims its own oldest cached candidate (native free order), and if
 it has none, its request waits (``available`` says so, the pool refuses the allocation). There is
 no borrowing: an idle group's share stays empty.
@@ -45,7 +45,7 @@ def _release(prev, nxt, member, length, num_blocks, owner, occupancy, blocks, ca
 def _select(prev, nxt, member, length, num_blocks, owner, occupancy, quota, n, requester, out):
     """``select_victims`` into ``out[:n]``: truly free blocks while the requester is below its
     quota, then the requester's own oldest cached candidates (the caller checked ``n`` against
-    :func:`_available`)."""
+    `_available`)."""
     take_free = min(n, quota - occupancy[requester], length[_TRULY_FREE])
     if take_free < 0:
         take_free = 0

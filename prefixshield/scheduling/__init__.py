@@ -3,7 +3,7 @@ running request is preempted, and per-tenant admission limits.
 
 ``fcfs`` (vLLM's default), ``priority`` (vLLM's ``priority`` policy), ``vtc`` (the Virtual
 Token Counter) and ``kvtc`` (VTC charged also for KV block-seconds held) are registered in
-:data:`SCHEDULERS`; :class:`SchedulerConfig` chooses one per run, with :class:`TenantLimits`
+`SCHEDULERS`; `SchedulerConfig` chooses one per run, with `TenantLimits`
 per group.
 """
 

@@ -38,9 +38,9 @@ class Scheduler(ABC):
             request that did not fit may be replaced by another as the queue's choice after a
             quiet decode step, so the engine jumps over quiet decode steps only when nothing
             waits or ``max_num_seqs`` requests run.
-        counts_outputs: whether :meth:`on_output` does anything (the batched path counts
+        counts_outputs: whether `on_output` does anything (the batched path counts
             the emitted tokens per group only for a scheduler that reads them).
-        counts_block_seconds: whether :meth:`on_hold` does anything (the engine passes the
+        counts_block_seconds: whether `on_hold` does anything (the engine passes the
             blocks each group holds over every step and decode jump only to a scheduler that
             reads them).
     """
@@ -81,7 +81,7 @@ class Scheduler(ABC):
 
     @abstractmethod
     def pop(self, seq) -> None:
-        """Remove ``seq``, the request :meth:`peek` just returned (it was admitted)."""
+        """Remove ``seq``, the request `peek` just returned (it was admitted)."""
 
     # ------------------------------------------------------------------ preemption
     def victim(self, running: Seq) -> int:
@@ -99,18 +99,18 @@ class Scheduler(ABC):
 
     @property
     def wants_capacity(self) -> bool:
-        """Whether :meth:`bind_capacity` is to be called before the run."""
+        """Whether `bind_capacity` is to be called before the run."""
         return False
 
     def bind_capacity(self, usable_blocks: int, prompt_tokens_per_s: float) -> None:
-        """The engine's capacity, told once before the run when :attr:`wants_capacity`: its
+        """The engine's capacity, told once before the run when `wants_capacity`: its
         usable KV blocks and the prompt tokens per second a full-budget prefill step computes
         (simulated seconds)."""
 
     def on_hold(self, held: np.ndarray, seconds: float) -> None:
         """Over the ``seconds`` (simulated) that just passed, group ``g``'s running requests
         held ``held[g]`` block-table entries (KV blocks) throughout. Called after every step
-        and every decode jump when :attr:`counts_block_seconds`."""
+        and every decode jump when `counts_block_seconds`."""
 
     def stats(self) -> dict:
         """The scheduler's own counters at the end (JSON-able)."""

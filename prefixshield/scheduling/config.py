@@ -2,7 +2,7 @@
 parameters (per-tenant priorities, VTC and KVTC weights) and per-tenant admission limits.
 
 Validated at construction (the edge). Group names are checked against a trace's groups by
-:meth:`SchedulerConfig.resolve`, before any simulation.
+`SchedulerConfig.resolve`, before any simulation.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class SchedulerConfig:
     """The engine's scheduling policy and per-tenant limits.
 
     Attributes:
-        name: a registered scheduler (:data:`prefixshield.scheduling.SCHEDULERS`): ``fcfs``
+        name: a registered scheduler (`prefixshield.scheduling.SCHEDULERS`): ``fcfs``
             (vLLM's default), ``priority`` (vLLM's ``priority`` policy), ``vtc`` (the Virtual
             Token Counter), ``kvtc`` (the KV memory-time counter).
         priorities: ``(group, priority)`` pairs for ``priority``; lower is served first, as in
@@ -77,8 +77,8 @@ class SchedulerConfig:
             an output token (the paper's defaults: 1 and 2).
         kvtc_kv_weight: KVTC's weight of one KV block-second held (counter units per
             block-second); None prices it at the engine's capacity (see
-            :mod:`prefixshield.scheduling.kvtc`). Read by ``kvtc`` only.
-        limits: ``(group, TenantLimits)`` pairs; group :data:`ALL_GROUPS` applies to every
+            `prefixshield.scheduling.kvtc`). Read by ``kvtc`` only.
+        limits: ``(group, TenantLimits)`` pairs; group `ALL_GROUPS` applies to every
             group, a named group's own values override it.
     """
 
@@ -172,7 +172,7 @@ class SchedulerConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "SchedulerConfig":
-        """The inverse of :meth:`to_dict` (unknown keys raise ``ValueError``)."""
+        """The inverse of `to_dict` (unknown keys raise ``ValueError``)."""
         if not isinstance(d, dict):
             raise ValueError(f"scheduler must be a table, got {d!r}")
         unknown = set(d) - {"name", "priorities", "vtc_input_weight", "vtc_output_weight",
@@ -201,7 +201,7 @@ class SchedulerConfig:
 
 def parse_limit(text: str) -> tuple[str, str, int]:
     """``[GROUP:]KEY=N`` (a ``--tenant-limit`` item) -> ``(group, key, n)``; group
-    :data:`ALL_GROUPS` when none is given. ``ValueError`` names what is wrong."""
+    `ALL_GROUPS` when none is given. ``ValueError`` names what is wrong."""
     head, sep, value = text.partition("=")
     if not sep:
         raise ValueError(f"expected [GROUP:]KEY=N, got {text!r}")
@@ -221,7 +221,7 @@ def parse_limit(text: str) -> tuple[str, str, int]:
 
 
 def limits_from_items(items: list[tuple[str, str, int]]) -> tuple[tuple[str, TenantLimits], ...]:
-    """``(group, key, n)`` items (e.g. from :func:`parse_limit`) -> ``limits`` pairs; the same
+    """``(group, key, n)`` items (e.g. from `parse_limit`) -> ``limits`` pairs; the same
     group and key twice raises ``ValueError``."""
     by_group: dict[str, dict[str, int]] = {}
     for group, key, n in items:
@@ -257,7 +257,7 @@ def capped_outputs(limits: list[TenantLimits], group_id: np.ndarray,
 def over_block_limit(limits: list[TenantLimits], group_id: np.ndarray,
                      total_tokens: np.ndarray, block_size: int) -> tuple[int, int, int] | None:
     """The first request that its group's ``max_blocks`` could hold back for ever: one whose
-    prompt and output (``total_tokens``, after :func:`capped_outputs`) need more blocks than the
+    prompt and output (``total_tokens``, after `capped_outputs`) need more blocks than the
     limit -- a request preempted late comes back with its output so far. Returns ``(row,
     blocks needed, limit)`` or None."""
     caps = np.array([lim.max_blocks or 0 for lim in limits], dtype=np.int64)

@@ -15,8 +15,8 @@ borrowable.
   the KV block-seconds its running requests held (block-table entries, cached or not, times the
   simulated seconds of each step and decode jump they ran through -- a recomputation's blocks
   included: they are held). ``w_in``, ``w_out`` are VTC's weights
-  (:attr:`~prefixshield.scheduling.SchedulerConfig.vtc_input_weight`, default 1 and 2, the
-  paper's) and ``w_kv`` is :attr:`~prefixshield.scheduling.SchedulerConfig.kvtc_kv_weight`.
+  (`vtc_input_weight`, default 1 and 2, the
+  paper's) and ``w_kv`` is `kvtc_kv_weight`.
 * **Default ``w_kv``: memory priced at capacity.** ``w_kv = T / (N - 1)`` counter units per
   block-second, ``T`` the prompt tokens per second a full-budget prefill step computes (the
   cost model's ``max_num_batched_tokens / step_time``) and ``N - 1`` the usable blocks: holding

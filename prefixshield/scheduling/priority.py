@@ -9,7 +9,7 @@
   tokens go back to the step's budget (vLLM 0.32; vLLM 0.10.2 left them counted, a bug fixed
   since, which is not reproduced).
 
-Each request's priority is its group's (:attr:`SchedulerConfig.priorities`, 0 when not named).
+Each request's priority is its group's (`SchedulerConfig.priorities`, 0 when not named).
 """
 
 from __future__ import annotations

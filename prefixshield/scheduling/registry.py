@@ -13,13 +13,13 @@ SCHEDULER_MODULES: dict[str, str] = {
 """Name -> module; a module is imported the first time its scheduler is looked up."""
 
 SCHEDULERS = LazyRegistry("scheduler", SCHEDULER_MODULES, group="prefixshield.schedulers")
-"""The registry: scheduler name -> class (a :class:`~prefixshield.scheduling.base.Scheduler`
+"""The registry: scheduler name -> class (a [`Scheduler`][prefixshield.scheduling.base.Scheduler]
 subclass). Other installed packages add schedulers in the entry-point group
 ``prefixshield.schedulers``."""
 
 
 def register_scheduler(cls):
-    """Class decorator: add ``cls`` to :data:`SCHEDULERS` under ``cls.name``."""
+    """Class decorator: add ``cls`` to `SCHEDULERS` under ``cls.name``."""
     SCHEDULERS.register(cls.name, cls)
     return cls
 

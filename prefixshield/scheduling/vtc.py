@@ -3,8 +3,8 @@ Models", OSDI 2024, Algorithm 2), over vLLM's step structure.
 
 * Each group ``g`` has a counter ``c_g`` of the service it received: ``w_in`` per prompt token
   of each of its requests, charged when the request is first admitted, and ``w_out`` per output
-  token, charged as it is emitted. The weights are :attr:`SchedulerConfig.vtc_input_weight` and
-  :attr:`~SchedulerConfig.vtc_output_weight` (the paper's 1 and 2 by default). Recomputation
+  token, charged as it is emitted. The weights are `SchedulerConfig.vtc_input_weight` and
+  `vtc_output_weight` (the paper's 1 and 2 by default). Recomputation
   after a preemption is not charged again: it is the engine's choice, not the tenant's demand.
 * **Counter lift.** When a request arrives for a group with nothing waiting, its counter is
   raised to the least counter of the groups that have requests waiting -- or, if none has, to

@@ -1,28 +1,28 @@
 """Arrival sources: which of an engine's trace rows arrive, and when.
 
-An :class:`~prefixshield.simulator.engine.Engine` (on its SimPy paths: step-by-step and
+An [`Engine`][prefixshield.simulator.engine.Engine] (on its SimPy paths: step-by-step and
 per-step batched) asks its arrival source four things, and nothing else about arrivals:
 
-* :meth:`ArrivalSource.process`: the SimPy process that makes the rows arrive, each at its
-  time, through :meth:`Engine.arrive <prefixshield.simulator.engine.Engine.arrive>` (which
+* `ArrivalSource.process`: the SimPy process that makes the rows arrive, each at its
+  time, through [`Engine.arrive`][prefixshield.simulator.engine.Engine.arrive] (which
   puts the row in the engine's waiting requests, records the prefix cached at arrival and
   wakes an idle engine);
-* :meth:`ArrivalSource.left`: whether any row is still to arrive (an engine with nothing
+* `ArrivalSource.left`: whether any row is still to arrive (an engine with nothing
   running or waiting ends when none is; a waiting head that cannot fit with nothing running
   is an error when none is);
-* :meth:`ArrivalSource.next_wait`: the seconds from now to the next arrival (None: none is
+* `ArrivalSource.next_wait`: the seconds from now to the next arrival (None: none is
   left, or its time is not known yet);
-* :meth:`ArrivalSource.jump`: a coalesced decode jump bounded by the next arrival: the
+* `ArrivalSource.jump`: a coalesced decode jump bounded by the next arrival: the
   engine's ``plan(wait)`` gives the jump's steps and seconds from that wait, and the source
   takes the jump (a SimPy generator returning the steps taken).
 
-:class:`TraceArrivals` is every row of the engine's trace in order (what an engine uses
+`TraceArrivals` is every row of the engine's trace in order (what an engine uses
 unless given another source). A fleet replica in lockstep mode uses
-:class:`~prefixshield.fleet.replica.RoutedArrivals`: the rows the router sends it, whose next
+`RoutedArrivals`: the rows the router sends it, whose next
 arrival is not known until the router decides. A streamed run feeds the fused loop windows of
-rows instead (:mod:`prefixshield.simulator.stream`), whose arrivals are the windows' rows.
+rows instead (`prefixshield.simulator.stream`), whose arrivals are the windows' rows.
 
-A source serves one engine's run: :meth:`ArrivalSource.bind` is called with the engine when
+A source serves one engine's run: `ArrivalSource.bind` is called with the engine when
 its run state is built (before any process starts).
 """
 
@@ -41,8 +41,8 @@ the number of steps to take and their seconds (0 steps: no jump)."""
 class ArrivalSource:
     """Which rows arrive at one engine and when (see the module docstring).
 
-    Subclasses give :meth:`process`, :meth:`left` and :meth:`next_wait`; :meth:`jump`'s
-    default bounds a jump by :meth:`next_wait`, as a single engine does.
+    Subclasses give `process`, `left` and `next_wait`; `jump`'s
+    default bounds a jump by `next_wait`, as a single engine does.
     """
 
     engine: "Engine"
@@ -53,7 +53,7 @@ class ArrivalSource:
 
     def process(self) -> Generator:
         """The SimPy arrival process: yields the timeouts until each row's arrival time and
-        calls :meth:`Engine.arrive <prefixshield.simulator.engine.Engine.arrive>` with the row
+        calls [`Engine.arrive`][prefixshield.simulator.engine.Engine.arrive] with the row
         then, in arrival order; it returns when no row is left."""
         raise NotImplementedError
 
@@ -74,7 +74,7 @@ class ArrivalSource:
         return (yield from self.take_jump(plan, self.next_wait()))
 
     def take_jump(self, plan: Plan, wait: float | None) -> Generator:
-        """The jump ``plan(wait)`` gives, taken now (see :meth:`jump`)."""
+        """The jump ``plan(wait)`` gives, taken now (see `jump`)."""
         k, seconds = plan(wait)
         if k <= 0:
             return 0

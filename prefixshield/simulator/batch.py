@@ -5,7 +5,7 @@ inputs, block-boundary tests, completions, the quiet-run length of a coalesced d
 done here in one kernel call each, over an ``int64`` matrix ``state[request_id, field]`` and the
 running order ``run_ids[0:num_running]`` (request ids, admission order). Only the requests whose
 step touches the block pool (opens a block, fills one, finishes, is admitted or preempted) go
-back to Python, where :class:`~prefixshield.simulator.kvcache.KVCacheManager` does exactly what
+back to Python, where `KVCacheManager` does exactly what
 it does on the step-by-step path (``Engine(..., batched=False)``, the oracle these kernels are
 tested equal to).
 
@@ -64,7 +64,7 @@ def plan_running(state, run_ids, num_running, budget, block_size, num_new, needs
     Returns:
         ``(m, num_flagged, budget_left, prefill_tokens, decode_seqs, context_tokens)``:
         requests considered, flagged ones among them, the token budget left after the ``m``
-        requests, and their :func:`step_load`.
+        requests, and their `step_load`.
     """
     m, num_flagged, budget = plan_running_from(state, run_ids, 0, num_running, budget,
                                                block_size, num_new, needs_pool)
@@ -75,7 +75,7 @@ def plan_running(state, run_ids, num_running, budget, block_size, num_new, needs
 @njit(cache=True)
 def plan_running_from(state, run_ids, start, num_running, budget, block_size, num_new,
                       needs_pool):
-    """:func:`plan_running` over positions ``start .. num_running-1`` with ``budget`` tokens
+    """`plan_running` over positions ``start .. num_running-1`` with ``budget`` tokens
     left (a scheduler that preempted a request other than the newest plans the rest again).
 
     Returns:
@@ -148,7 +148,7 @@ def advance_scheduled(state, run_ids, num_running, num_scheduled, num_new, now, 
 
     Returns:
         ``(num_finished, all_decoding)``: how many finished, and whether every one of the
-        ``num_running`` requests is now decoding (see :func:`all_decoding`; computed before
+        ``num_running`` requests is now decoding (see `all_decoding`; computed before
         the finished ones leave, so meaningful only when none did).
     """
     num_finished = 0
@@ -267,7 +267,7 @@ def build_sequences(seed, vocab_size, seg_ids, seg_lens, seg_offsets, output_seg
     Request i's tokens are its prompt segments (``seg_ids`` / ``seg_lens`` at
     ``seg_offsets[i]:seg_offsets[i+1]``), then its output: segment ``output_segment_id[i]`` of
     ``output_tokens[i]`` tokens under ``seed``, or, when that id is negative, segment ``i`` under
-    ``output_salt_seed`` -- the same ids :func:`prefixshield.traces.tokens.prompt_token_ids`
+    ``output_salt_seed`` -- the same ids `prefixshield.traces.tokens.prompt_token_ids`
     gives the step-by-step path. They land in ``tokens[token_offsets[i-lo]:...]``; the hashes of
     every full block in ``hashes[hash_offsets[i-lo]:...]``.
     """

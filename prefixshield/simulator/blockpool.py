@@ -168,7 +168,7 @@ class BlockPool:
         policy: the replacement policy; it holds the free blocks.
         num_groups: accounting groups that may allocate (ids ``0 .. num_groups-1``).
         hash_map_slots: slots of the hash map, a power of two >= ``2 * num_blocks`` (the most
-            hashes it holds is one per block); None sizes it by :meth:`default_hash_map_slots`.
+            hashes it holds is one per block); None sizes it by `default_hash_map_slots`.
             Only speed depends on it.
 
     Attributes:
@@ -189,7 +189,7 @@ class BlockPool:
         """Slots of the hash map by default: a power of two at least 8x ``num_blocks`` (at most
         1/8 full: probe runs and backward shifts stay short, which more than halves the cost of
         an insert plus an eviction against a half-full table) up to
-        :attr:`SPARSE_MAP_BLOCKS` blocks, 2x above (16 bytes a slot)."""
+        `SPARSE_MAP_BLOCKS` blocks, 2x above (16 bytes a slot)."""
         factor = 8 if num_blocks <= cls.SPARSE_MAP_BLOCKS else 2
         return 1 << max(4, int(factor * num_blocks - 1).bit_length())
 
@@ -242,7 +242,7 @@ class BlockPool:
         return self._scratch[:n].copy()
 
     def cached_prefix_length(self, block_hashes: np.ndarray, max_blocks: int) -> int:
-        """How many blocks :meth:`find_cached_prefix` would return (no copy, no side effect):
+        """How many blocks `find_cached_prefix` would return (no copy, no side effect):
         what a router reads for every replica at every arrival."""
         return int(_find_hits(self._map_keys, self._map_vals, block_hashes, max_blocks,
                               self._scratch))
@@ -266,7 +266,7 @@ class BlockPool:
         return self.take_new_blocks(n, requester, now)
 
     def take_new_blocks(self, n: int, requester: int, now: float) -> np.ndarray:
-        """:meth:`get_new_blocks` for a caller that has just checked ``n <= available``
+        """`get_new_blocks` for a caller that has just checked ``n <= available``
         (the cache manager's allocation): the same take, without counting free blocks again."""
         victims = self.policy.select_victims(n, now, requester)
         k = _claim(victims, self.ref_cnt, self.block_hash, self._map_keys, self._map_vals,
@@ -282,7 +282,7 @@ class BlockPool:
                           num_decode: int = 0) -> None:
         """Give newly computed full ``blocks`` of request ``request_id`` their ``hashes`` so
         later requests can hit them (``root``, ``num_decode``: see
-        :meth:`~prefixshield.policies.base.Policy.on_materialize`)."""
+        [`on_materialize`][prefixshield.policies.base.Policy.on_materialize])."""
         if blocks.shape[0] == 0:
             return
         _cache(blocks, hashes, self.block_hash, self._map_keys, self._map_vals, self._map_size,

@@ -9,7 +9,7 @@ serve, not against one-token prefills. The nominal load ``alpha`` then sets the 
 to ``alpha * C_prefill``.
 
 Results are cached per (profile cost coefficients, engine config, request shapes) in the process
-and on disk (:mod:`prefixshield.usercache`, namespace ``c_prefill``), keyed also by the package
+and on disk (`prefixshield.usercache`, namespace ``c_prefill``), keyed also by the package
 version and a fingerprint of the simulator sources the probe runs (so an edited engine never
 reads a stale value in a development checkout). A cached value is the float the probe measured,
 bit for bit (JSON round-trips floats exactly); an unusable cache directory means measuring.
@@ -70,7 +70,7 @@ _PROBE_SOURCES = ("simulator/engine.py", "simulator/batch.py", "simulator/blockp
 
 @lru_cache(maxsize=1)
 def source_fingerprint() -> str:
-    """sha256 over :data:`_PROBE_SOURCES` (a missing file counts as empty)."""
+    """sha256 over `_PROBE_SOURCES` (a missing file counts as empty)."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     for rel in _PROBE_SOURCES:
@@ -106,7 +106,7 @@ def disk_key(cost: CostModel, config: EngineConfig, prompt_tokens: tuple[int, ..
 @lru_cache(maxsize=256)
 def _measure(cost: CostModel, config: EngineConfig, prompt_tokens: tuple[int, ...],
              output_tokens: tuple[int, ...]) -> float:
-    """The in-process cache over the disk cache over :func:`_probe`."""
+    """The in-process cache over the disk cache over `_probe`."""
     from prefixshield import __version__, usercache
 
     key = disk_key(cost, config, prompt_tokens, output_tokens)

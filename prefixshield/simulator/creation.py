@@ -39,7 +39,7 @@ class CreationLog:
 @njit(cache=True)
 def _bucket_debt_scan(t, blocks, rho, beta, w0, w1, carry, finish):
     """Continue the debt integral of one bucket over its next charges ``blocks[i]`` at sorted
-    ``t[i]`` (:func:`_bucket_debt_integral` a chunk at a time: the same operations in the same
+    ``t[i]`` (`_bucket_debt_integral` a chunk at a time: the same operations in the same
     order). ``carry``: ``[balance, time of the last charge, integral so far]``, updated in
     place (``[beta, 0, 0]`` before the first chunk). ``finish``: this is the last chunk, so
     the span to ``w1`` is added too; returns then the debt at ``w1`` (else 0)."""
@@ -146,10 +146,10 @@ def group_creation(log: dict[str, np.ndarray], group: int, rho: np.ndarray, beta
 
 def group_creation_chunks(chunks: Iterable[dict[str, np.ndarray]], group: int, rho: np.ndarray,
                           beta: np.ndarray, window: tuple[float, float]) -> dict[str, float]:
-    """:func:`group_creation` over a log given as consecutive chunks of its rows (columns
-    ``t_s``, ``group``, ``contract``, ``blocks``, as :meth:`CreationLog.arrays`), one chunk in
+    """`group_creation` over a log given as consecutive chunks of its rows (columns
+    ``t_s``, ``group``, ``contract``, ``blocks``, as `CreationLog.arrays`), one chunk in
     memory at a time: the same figures, bit for bit (each bucket's scan carries its state
-    from chunk to chunk, :func:`_bucket_debt_scan`)."""
+    from chunk to chunk, `_bucket_debt_scan`)."""
     w0, w1 = float(window[0]), float(window[1])
     created = 0
     carries: dict[int, np.ndarray] = {}

@@ -12,13 +12,13 @@ The scheduler follows vLLM v1's ``Scheduler.schedule``:
    (head-of-line blocking).
 
 That is vLLM's default scheduling (``EngineConfig.scheduler`` = FCFS without limits). Another
-scheduler (:mod:`prefixshield.scheduling`: ``priority``, ``vtc``, ``kvtc``) chooses the waiting
+scheduler (`prefixshield.scheduling`: ``priority``, ``vtc``, ``kvtc``) chooses the waiting
 order and the preemption victim, and per-tenant limits hold requests back; those runs take the
 per-step batched path (or the step-by-step one), where ``Engine.scheduler`` is called.
 
 Every path records, per request, the first admission time, the prefix cached at arrival and
 the KV block-seconds its block table held, and per group the blocks held by running requests
-over time (:class:`RunResult` ``held_t`` / ``held``).
+over time ([`RunResult`][prefixshield.simulator.engine.RunResult] ``held_t`` / ``held``).
 
 A step lasts ``CostModel.step_time``; tokens count as computed at its end, and a request whose
 known tokens are all computed emits one output token then (the first one sets TTFT).
@@ -31,18 +31,18 @@ state, creations, step counts); ``Engine(..., batched=False)`` selects the step-
 kept as the executable spec the batched one is tested against:
 
 * step-by-step (``_step``): every running request goes through
-  :meth:`KVCacheManager.allocate_slots` every step;
+  `KVCacheManager.allocate_slots` every step;
 * batched (``_step_batched``, the default): the running batch lives in a struct-of-arrays
   matrix and the per-request work of a step is a few numba kernel calls
-  (:mod:`prefixshield.simulator.batch`); ``allocate_slots`` is called only for the requests
+  (`prefixshield.simulator.batch`); ``allocate_slots`` is called only for the requests
   whose step opens or fills a block, and Python otherwise touches only the requests that are
   admitted, preempted or finish. Most decode steps of a request (14 of every 16 with 16-token
   blocks) cost no Python at all;
 * fused (the default where it applies: any of the four policies, the linear
-  :class:`CostModel`, no ``observe``): the batched step's whole event loop -- arrivals, steps,
+  `CostModel`, no ``observe``): the batched step's whole event loop -- arrivals, steps,
   coalesced decode jumps, the pool and the policy's state -- runs in one numba kernel call
   per run
-  (:mod:`prefixshield.simulator.fused`), with SimPy's event order replayed exactly;
+  (`prefixshield.simulator.fused`), with SimPy's event order replayed exactly;
   ``fused=False`` keeps the per-step batched path.
 """
 
@@ -79,7 +79,7 @@ OUTPUT_SEED_SALT = 0x0DEC0DE
 FUSED_WINDOW_HASHES = 1 << 22
 """Block hashes the fused loop holds at once (32 MiB of hashes, ~16 MiB of block tables with
 16-token blocks): a longer trace is hashed a window of arrivals at a time (see
-:meth:`Engine._run_fused`). Any window gives the same run, bit for bit; this one costs ~1 ms
+`Engine._run_fused`). Any window gives the same run, bit for bit; this one costs ~1 ms
 of Python per window of ~10^5-10^6 requests and keeps the loop's per-block memory at tens of
 MiB whatever the trace's length."""
 
@@ -94,9 +94,9 @@ def _index_of(column: pd.Series, names: list[str]) -> np.ndarray:
 
 class _Chunks:
     """Token ids and block hashes of consecutive requests (arrival order), built for a chunk of
-    them per kernel call (:func:`batch.build_sequences`) and kept until a request outside the
-    chunk is asked for: at most :attr:`Engine.CHUNK_REQUESTS` requests and
-    :attr:`Engine.CHUNK_TOKENS` tokens unless one is longer."""
+    them per kernel call (`batch.build_sequences`) and kept until a request outside the
+    chunk is asked for: at most `Engine.CHUNK_REQUESTS` requests and
+    `Engine.CHUNK_TOKENS` tokens unless one is longer."""
 
     def __init__(self, engine: "Engine") -> None:
         self.engine = engine
@@ -174,9 +174,9 @@ def bind_capacity(scheduler, config: EngineConfig, cost: CostModel) -> None:
 
 def init_request_arrays(target, n: int) -> None:
     """Set ``target``'s per-request result arrays for ``n`` requests, before any runs: every
-    field of :data:`~prefixshield.simulator.requests.RESULT_FIELDS` (``first_token_s`` ..
-    ``block_s``) at its declared initial value (:func:`~prefixshield.simulator.requests.
-    allocate`)."""
+    field of [`RESULT_FIELDS`][prefixshield.simulator.requests.RESULT_FIELDS] (``first_token_s`` ..
+    ``block_s``) at its declared initial value (`allocate`)."""
+    
     rq.allocate(target, n)
 
 
@@ -185,7 +185,7 @@ class RunResult:
     """Everything one simulated run produced.
 
     Attributes:
-        records: one row per request (see :func:`Engine.records`).
+        records: one row per request (see `Engine.records`).
         groups: group names by id.
         occupancy_t: seconds at which occupancy changed (float64).
         occupancy: blocks owned per group at those times (``[len(occupancy_t), num_groups]``).
@@ -197,12 +197,12 @@ class RunResult:
         num_events: scheduler iterations actually executed (the simulator's work).
         policy_stats: the policy's own counters at the end.
         creations: every materialization: ``t_s``, ``group``, ``contract`` (ids) and
-            ``blocks`` arrays (see :mod:`prefixshield.simulator.creation`).
+            ``blocks`` arrays (see `prefixshield.simulator.creation`).
         contracts: contract names by id; ``contract_rho`` / ``contract_beta`` their refill
             (blocks/s) and burst (blocks).
         trace_meta: the trace's ``meta`` (workload, parameters, windows).
         fleet: a fleet run's replicas, routing and mode
-            (:class:`prefixshield.fleet.run.FleetRun`); None for one engine.
+            (`prefixshield.fleet.run.FleetRun`); None for one engine.
     """
 
     records: pd.DataFrame
@@ -237,27 +237,27 @@ class Engine:
         batched: run the batched step (struct-of-arrays running batch, numba kernels); False
             runs the step-by-step path, the oracle it is tested bit-identical to.
         fused: with ``batched``, run the whole event loop in one numba kernel
-            (:mod:`prefixshield.simulator.fused`) when the run allows it (see
-            :meth:`fused_applies`); False always takes the per-step batched path. Same results.
+            (`prefixshield.simulator.fused`) when the run allows it (see
+            `fused_applies`); False always takes the per-step batched path. Same results.
         arrivals: which rows arrive and when on the SimPy paths
-            (:class:`~prefixshield.simulator.arrivals.ArrivalSource`); None: every row of
-            ``trace`` (:class:`~prefixshield.simulator.arrivals.TraceArrivals`). The fused loop
+            ([`ArrivalSource`][prefixshield.simulator.arrivals.ArrivalSource]); None: every row of
+            ``trace`` (`TraceArrivals`). The fused loop
             reads the trace's arrivals itself (it needs every arrival up front).
         rows_of: an engine over the same ``trace``, ``cost``, ``config`` and ``contracts``
-            whose per-request arrays (:mod:`prefixshield.simulator.requests`) and trace inputs
+            whose per-request arrays (`prefixshield.simulator.requests`) and trace inputs
             this one shares instead of building its own, each row being written only by the
-            engine that serves it (fleet replicas, :mod:`prefixshield.fleet.replica`); its
+            engine that serves it (fleet replicas, `prefixshield.fleet.replica`); its
             ``coalesce_decode``, ``batched`` and ``fused`` are taken too. None: build them.
 
     While the batched step runs, the token counters (``num_computed_tokens``,
-    ``num_output_done``) of the :class:`Sequence` objects in :attr:`running` are not kept up to
+    ``num_output_done``) of the `Sequence` objects in `running` are not kept up to
     date: the matrix ``_state`` holds them, and they are copied into a sequence only when it is
     handed to the cache manager (allocation, preemption, completion). The block tables, and
     everything about waiting sequences, are always in the sequences.
 
-    The fused loop builds no :class:`Sequence` at all: ``_state``, flat block tables and flat
-    block hashes are the whole request state, :attr:`running` and :attr:`waiting` stay empty,
-    and after the run ``pool.creations`` is a :class:`~prefixshield.simulator.fused.ColumnCreationLog`
+    The fused loop builds no `Sequence` at all: ``_state``, flat block tables and flat
+    block hashes are the whole request state, `running` and `waiting` stay empty,
+    and after the run ``pool.creations`` is a `ColumnCreationLog`
     and ``env`` a fresh environment at the run's end time.
     """
 
@@ -340,7 +340,7 @@ class Engine:
 
     def _new_scheduler(self, config: EngineConfig, cost: CostModel):
         """This engine's own scheduler over its groups and arrivals, told the capacity it
-        wants (:func:`bind_capacity`); a bad scheduler configuration is an EngineError."""
+        wants (`bind_capacity`); a bad scheduler configuration is an EngineError."""
         try:
             scheduler = make_scheduler(config.scheduler, self.groups, self.arrival_s,
                                        self.group_id)
@@ -351,7 +351,7 @@ class Engine:
 
     def _share_rows(self, template: "Engine", trace: Trace, cost: CostModel,
                     config: EngineConfig, arrivals: ArrivalSource | None) -> None:
-        """:meth:`__init__` with ``rows_of=template``: its per-request arrays and what else
+        """`__init__` with ``rows_of=template``: its per-request arrays and what else
         it built before its run state, a scheduler of this engine's own."""
         if trace is not template.trace or config is not template.config or (
                 cost is not template.cost):
@@ -380,7 +380,7 @@ class Engine:
     def _new_run_state(self, policy: Policy) -> None:
         """What one engine's run owns and nothing else reads: the pool under ``policy`` (bound
         to the trace's tenants), the SimPy environment, the queues, the logs and counters, one
-        step's scratch, the token chunks. Everything built before it in :meth:`__init__` is
+        step's scratch, the token chunks. Everything built before it in `__init__` is
         per request (read-only, or written only at the rows this engine serves)."""
         config, n = self.config, len(self.arrival_s)
         policy.bind_tenants(self.groups, self._contract_table)
@@ -417,8 +417,8 @@ class Engine:
     # ------------------------------------------------------------------ processes
     def start(self) -> simpy.Process:
         """Create the run's SimPy processes, the arrival source's first (its
-        :meth:`~prefixshield.simulator.arrivals.ArrivalSource.process`), then the engine's;
-        returns the engine's (it ends with the run). :meth:`run` calls it; a caller driving
+        [`process`][prefixshield.simulator.arrivals.ArrivalSource.process]), then the engine's;
+        returns the engine's (it ends with the run). `run` calls it; a caller driving
         the environment itself (a fleet replica) calls it once before stepping."""
         self.env.process(self.arrivals.process())
         return self.env.process(self._engine())
@@ -459,7 +459,7 @@ class Engine:
     @property
     def _scheduler_queue(self) -> bool:
         """Whether the waiting requests are in the scheduler's queue (the step-by-step path,
-        and any path under a scheduler other than plain FCFS) rather than :attr:`waiting`."""
+        and any path under a scheduler other than plain FCFS) rather than `waiting`."""
         return self.scheduled_by_policy or not self.batched
 
     def _has_waiting(self) -> bool:
@@ -467,8 +467,8 @@ class Engine:
         return bool(self.scheduler) if self._scheduler_queue else bool(self.waiting)
 
     def _waiting_head(self) -> Sequence:
-        """The head of the waiting queue, built into a :class:`Sequence` on its first visit
-        (batched path under FCFS) -- or the scheduler's next request (:attr:`_scheduler_queue`).
+        """The head of the waiting queue, built into a `Sequence` on its first visit
+        (batched path under FCFS) -- or the scheduler's next request (`_scheduler_queue`).
 
         Heads are built in arrival order (FCFS; a preempted request returns to the head already
         built), so the batched path's chunks of token ids are built in the same order as if every
@@ -497,12 +497,12 @@ class Engine:
                              self.config.block_size, self.config.hash_seed)
 
     CHUNK_REQUESTS = 256
-    """Most requests whose tokens :meth:`_make_sequence_batched` builds in one kernel call."""
+    """Most requests whose tokens `_make_sequence_batched` builds in one kernel call."""
     CHUNK_TOKENS = 1 << 20
     """Token budget of one such chunk (8 MiB of ids); a longer request gets a chunk alone."""
 
     def _make_sequence_batched(self, i: int) -> Sequence:
-        """:meth:`_make_sequence` from chunks built ahead (same tokens, same hashes)."""
+        """`_make_sequence` from chunks built ahead (same tokens, same hashes)."""
         tokens, hashes = self._head_chunks.get(i)
         max_blocks = -(-tokens.shape[0] // self.config.block_size)
         return Sequence(i, int(self.group_id[i]), int(self.contract_id[i]),
@@ -699,7 +699,7 @@ class Engine:
 
     def never_admitted_error(self, request_id: int, group: int,
                              num_tokens: int) -> EngineError:
-        """:meth:`_never_admitted`'s error for request ``request_id`` of group id ``group``."""
+        """`_never_admitted`'s error for request ``request_id`` of group id ``group``."""
         return EngineError(
             f"request {request_id} of group "
             f"{self.groups[group]!r} can never be admitted: it needs "
@@ -786,7 +786,7 @@ class Engine:
         return self._preempt_last(now)
 
     def _step_batched(self):
-        """:meth:`_step` over the struct-of-arrays batch; same decisions, same pool calls in the
+        """`_step` over the struct-of-arrays batch; same decisions, same pool calls in the
         same order. Returns True if the next steps are quiet."""
         env, kv, cfg = self.env, self.kv, self.config
         now = env.now
@@ -943,7 +943,7 @@ class Engine:
             self.scheduler.on_output(g, int(per_group[g]))
 
     def _preempt_batched(self, now: float) -> tuple[Sequence, int]:
-        """:meth:`_preempt` on the batch: the scheduler's victim leaves the running list, the
+        """`_preempt` on the batch: the scheduler's victim leaves the running list, the
         running order (``run_ids``) and the step's tokens (``num_new``) at its position."""
         j = self.scheduler.victim(self.running)
         victim = self.running[j]
@@ -959,9 +959,9 @@ class Engine:
 
     def _running_phase_scheduled(self, now: float) -> tuple[int, int, bool, bool]:
         """The running requests' part of a batched step under a scheduler whose preemption
-        victim may be any running request (:meth:`_step`'s loop, over the batch).
+        victim may be any running request (`_step`'s loop, over the batch).
 
-        The step is planned as :func:`batch.plan_running` plans it. When a preemption takes a
+        The step is planned as `batch.plan_running` plans it. When a preemption takes a
         request other than the newest, the plan for the requests after the current one is
         stale (a victim scheduled earlier gives its tokens back; one later no longer asks for
         any): their block counters are put back from their sequences and they are planned
@@ -1042,7 +1042,7 @@ class Engine:
                                      f"prompt) {got} != sequence {want}")
 
     def _coalesced_decode_batched(self):
-        """:meth:`_coalesced_decode` over the batch (same jump length, same seconds)."""
+        """`_coalesced_decode` over the batch (same jump length, same seconds)."""
         running = self.running
         nseq = len(running)
         k, pos_sum = bk.quiet_decode_steps(self._state, self._run_ids, nseq,
@@ -1136,7 +1136,7 @@ class Engine:
 
     # ------------------------------------------------------------------ the fused loop
     FUSED_WINDOW_HASHES = FUSED_WINDOW_HASHES
-    """Most block hashes the fused loop holds at once (:data:`FUSED_WINDOW_HASHES`; an
+    """Most block hashes the fused loop holds at once (`FUSED_WINDOW_HASHES`; an
     instance may set its own, the tests force small windows). Unlike the fixed up-front budget
     it replaces, it never decides the path: a longer trace runs in windows, not per step."""
 
@@ -1150,15 +1150,15 @@ class Engine:
     so that the engine imports no policy module a run does not use."""
 
     def fused_applies(self) -> bool:
-        """Whether :meth:`run` (without ``observe``) takes the fused loop: ``batched`` and
+        """Whether `run` (without ``observe``) takes the fused loop: ``batched`` and
         ``fused`` are set, the policy is exactly the registered class of one of
-        :attr:`FUSED_POLICIES` (the kernel drives their state through their own event kernels;
-        a subclass may change an event), the cost model is exactly :class:`CostModel` (the
+        `FUSED_POLICIES` (the kernel drives their state through their own event kernels;
+        a subclass may change an event), the cost model is exactly `CostModel` (the
         kernel evaluates its formula), the scheduler is vLLM's default (FCFS without
         per-tenant limits: the loop compiles it) and the arrivals are the trace's own
-        (:class:`~prefixshield.simulator.arrivals.TraceArrivals`: the loop reads them up
+        ([`TraceArrivals`][prefixshield.simulator.arrivals.TraceArrivals]: the loop reads them up
         front). The trace's length does not matter: the hashes and block tables are held a
-        window at a time (:attr:`FUSED_WINDOW_HASHES`)."""
+        window at a time (`FUSED_WINDOW_HASHES`)."""
         return (self.batched and self.fused and not self.scheduled_by_policy
                 and type(self.arrivals) is TraceArrivals and self._fused_policy() is not None
                 and type(self.cost) is CostModel)
@@ -1173,14 +1173,14 @@ class Engine:
         return None
 
     def _run_fused(self) -> None:
-        """The whole run in :func:`fused.run_loop` calls: one, or one per step when
+        """The whole run in `fused.run_loop` calls: one, or one per step when
         ``check_invariants`` (the pool's and the batch's invariants are checked after every
-        step, where :meth:`_step_batched` checks them), plus one per buffer enlargement and
+        step, where `_step_batched` checks them), plus one per buffer enlargement and
         one per window.
 
         Windows: the block hashes and block tables of requests ``lo .. hi-1`` are held
-        (:attr:`FUSED_WINDOW_HASHES` hashes, more only when the requests waiting or running
-        need more); an arrival at ``hi`` returns :data:`fused.NEED_WINDOW`, and the next window
+        (`FUSED_WINDOW_HASHES` hashes, more only when the requests waiting or running
+        need more); an arrival at ``hi`` returns `fused.NEED_WINDOW`, and the next window
         starts at the oldest request still waiting or running, carrying over what the two
         windows share. The loop reads a request's hashes and table only while it waits or runs,
         so every window gives the same run as one holding the whole trace."""
@@ -1271,7 +1271,7 @@ class Engine:
 
     def _fused_check(self, ctl: np.ndarray, state: np.ndarray, table: np.ndarray,
                      table_off: np.ndarray, hashes: np.ndarray, hash_off: np.ndarray) -> None:
-        """``check_invariants`` after a fused step (:data:`fused.CHECK`): the pool's, and the
+        """``check_invariants`` after a fused step (`fused.CHECK`): the pool's, and the
         running requests' tables against it; raises AssertionError."""
         pool = self.pool
         pool.check_invariants()
@@ -1287,7 +1287,7 @@ class Engine:
 
     def _fused_setup(self, n: int) -> tuple[np.ndarray, np.ndarray, tuple]:
         """``ctl`` and ``fctl`` of a fused run over ``n`` requests (configuration slots set),
-        and the policy's arrays (:meth:`_fused_policy_state`)."""
+        and the policy's arrays (`_fused_policy_state`)."""
         cfg, pool = self.config, self.pool
         ctl = np.zeros(fz.NUM_CTL, dtype=np.int64)
         ctl[fz.N] = n
@@ -1315,7 +1315,7 @@ class Engine:
         return hits, victims, evicted, was_free, freed, np.empty(nb, dtype=np.bool_), order
 
     def _fused_policy_state(self, ctl: np.ndarray) -> tuple:
-        """The policy's arrays as :func:`fused.run_loop` takes them, ``(lists, ps, quota_state,
+        """The policy's arrays as `fused.run_loop` takes them, ``(lists, ps, quota_state,
         s3_state, log)`` (arrays a policy does not use are empty; ``log``: PrefixShield's debt
         log, else None); sets ``ctl``'s policy slots."""
         pool = self.pool
@@ -1359,10 +1359,10 @@ class Engine:
                     held_since: np.ndarray, table: np.ndarray, table_off: np.ndarray,
                     hashes: np.ndarray, hash_off: np.ndarray, waiting: np.ndarray,
                     scratch: tuple, pol: tuple, series: tuple) -> int:
-        """One :func:`fused.run_loop` call; returns its code. ``rows``: the object holding the
+        """One `fused.run_loop` call; returns its code. ``rows``: the object holding the
         per-request arrays by the engine's names (the engine, or a streamed run's window of
-        rows, :mod:`prefixshield.simulator.stream`); ``scratch``: the per-block scratch
-        (``hits`` .. ``order``); ``pol``: :meth:`_fused_policy_state`; ``series``: ``(occ_t,
+        rows, `prefixshield.simulator.stream`); ``scratch``: the per-block scratch
+        (``hits`` .. ``order``); ``pol``: `_fused_policy_state`; ``series``: ``(occ_t,
         occ, cre_t, [cre_g, cre_c, cre_b], held_t, held_rows)``. Writes back what the
         policy's Python side keeps (the debt log's counters, S3-FIFO's ghost slack)."""
         pool = self.pool
@@ -1410,7 +1410,7 @@ class Engine:
                       lo: int, need: int, old_hashes: np.ndarray | None,
                       old_table: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         """The fused loop's next window: hashes and block tables of requests ``lo .. hi-1``,
-        ``hi`` as far as :attr:`FUSED_WINDOW_HASHES` hashes from ``lo`` allow, and at least
+        ``hi`` as far as `FUSED_WINDOW_HASHES` hashes from ``lo`` allow, and at least
         half of that many past ``need`` (the next arrival; at least one request); sets
         ``ctl``'s window slots. What the previous window (``old_*``, from ``ctl``'s slots)
         holds of ``lo ..`` is carried over: the tables of running requests, and hashes already
@@ -1443,6 +1443,6 @@ class Engine:
 
     def records(self) -> pd.DataFrame:
         """Per-request records: arrival, identity, tokens, new blocks, TTFT, latency, preemptions
-        (built by :func:`prefixshield.simulator.records.build_records`; columns and dtypes
-        :data:`~prefixshield.simulator.records.RECORD_COLUMNS`)."""
+        (built by `prefixshield.simulator.records.build_records`; columns and dtypes
+        [`RECORD_COLUMNS`][prefixshield.simulator.records.RECORD_COLUMNS])."""
         return build_records(self)

@@ -1,9 +1,9 @@
 """The batched engine's whole event loop in one numba kernel (LRU, PrefixShield, StaticQuota or
 S3-FIFO; linear cost model).
 
-:meth:`Engine._step_batched` already does the per-request work of a step in kernels, but every
+`Engine._step_batched` already does the per-request work of a step in kernels, but every
 step still costs a SimPy event, a few kernel calls and Python for every request that opens or
-fills a block, is admitted, preempted or finishes. :func:`run_loop` runs the same loop --
+fills a block, is admitted, preempted or finishes. `run_loop` runs the same loop --
 arrivals, the scheduler iteration, the step's timeout, decode coalescing -- in numba, for as
 long as nothing needs Python: one call per run, or one per step with ``check_invariants``.
 
@@ -18,14 +18,14 @@ What it models, decision for decision the same as the step-by-step oracle
   loop). Times are computed with SimPy's arithmetic: a timeout of ``delay`` at ``now`` fires
   at ``now + delay``; an arrival's delay is ``arrival_s - now``. A wake-up (``succeed``) is
   scheduled at the arrival's time, after the arrivals of that instant were appended.
-* **The scheduler iteration** of :meth:`Engine._step` (running requests first with preemption of
+* **The scheduler iteration** of `Engine._step` (running requests first with preemption of
   the newest, then FCFS admissions with head-of-line blocking, the token budget, full-prompt
-  reservation), over the struct-of-arrays batch of :mod:`~prefixshield.simulator.batch`
-  (whose kernels it calls) instead of :class:`~prefixshield.simulator.kvcache.Sequence` objects.
+  reservation), over the struct-of-arrays batch of `batch`
+  (whose kernels it calls) instead of `Sequence` objects.
 * **The cache manager and block pool** (``get_computed_blocks``, ``allocate_slots``, ``free``)
   through the pool's own kernels (``_find_hits``, ``_touch``, ``_claim``, ``_cache``,
   ``_release``), on the pool's arrays in place, calling the policy's events where
-  :class:`~prefixshield.simulator.blockpool.BlockPool` calls them, through the policy's own
+  [`BlockPool`][prefixshield.simulator.blockpool.BlockPool] calls them, through the policy's own
   kernels on its own arrays (``ctl[POLICY]`` says which): vLLM's free queue (the LRU
   policy's linked list, both compat modes; its ``on_hit`` and ``on_materialize`` are no-ops);
   PrefixShield's packed state (every event, its clock and its debt-log samples, as the
@@ -36,32 +36,32 @@ What it models, decision for decision the same as the step-by-step oracle
   ``ValueError``; the loop does not read them: the pool hands a policy only what its own
   reference counts make legal (the oracle would raise first), and ``check_invariants`` checks
   the pool and the policy after every step.
-* **The linear** :class:`~prefixshield.simulator.costmodel.CostModel` evaluated in the same
+* **The linear** [`CostModel`][prefixshield.simulator.costmodel.CostModel] evaluated in the same
   operation order as its ``step_time`` (a duck-typed cost object takes the per-step path).
 
 Per-request block tables live in one flat int32 array (``table[table_off[r] - base:]``, room
 for ``ceil(tokens / B) + 1`` blocks, as a ``Sequence`` has) and block hashes in one flat uint64
 array (``hashes[hash_off[r] - base:hash_off[r + 1] - base]``, every full block of prompt and
-output), built by :func:`build_hashes` (the same hashes as
-:func:`~prefixshield.simulator.hashing.chain_block_hashes` of the same token ids) for a
+output), built by `build_hashes` (the same hashes as
+`chain_block_hashes` of the same token ids) for a
 *window* of requests ``ctl[HASH_BASE]``-relative: the caller holds the requests from the
 oldest one still waiting or running to ``ctl[WINDOW_END]``, and an arrival past it returns
-:data:`NEED_WINDOW` (a short trace is one window, base 0). A request's hashes and table are
+`NEED_WINDOW` (a short trace is one window, base 0). A request's hashes and table are
 read only between its arrival and its end, so the window never changes a decision.
 
 The kernel is resumable: every piece of loop state is in ``ctl`` (int64) / ``fctl`` (float64)
-and the arrays. It returns :data:`DONE`, :data:`CHECK` (after a step's occupancy record, where
-the oracle checks invariants), :data:`GROW` (an output buffer is full: enlarge and call
-again), :data:`NEED_WINDOW` (slide the window of hashes and tables) or
-:data:`NEVER_ADMITTED` (the waiting head cannot fit with nothing running and no request is
+and the arrays. It returns `DONE`, `CHECK` (after a step's occupancy record, where
+the oracle checks invariants), `GROW` (an output buffer is full: enlarge and call
+again), `NEED_WINDOW` (slide the window of hashes and tables) or
+`NEVER_ADMITTED` (the waiting head cannot fit with nothing running and no request is
 left to arrive: the oracle's ``EngineError``).
 
-Speed notes. :func:`run_loop`, :func:`_allocate` and :func:`_free_request` are compiled without
+Speed notes. `run_loop`, `_allocate` and `_free_request` are compiled without
 numba's reference-counted runtime (``_nrt=False``; they allocate nothing, and copy slices with
 loops): with it, every call of ``_allocate`` increfs and decrefs each of its ~35 array
 arguments and slices atomically, which was half of the loop's time. The policies' event kernels
 that the loop calls are separate functions compiled the same way (PrefixShield's through the
-``_ps_*`` wrappers below, S3-FIFO's in :mod:`~prefixshield.policies.kernels.s3fifo_kernels`),
+``_ps_*`` wrappers below, S3-FIFO's in `s3fifo_kernels`),
 called, not inlined: with a policy's kernels inlined into ``_allocate`` the loop took minutes
 to compile. Requests whose step needs no block and fills none skip ``_allocate`` altogether
 (most decode steps).
@@ -86,7 +86,7 @@ from prefixshield.simulator.hashing import GROUP_SHIFT, LOW_MASK
 from prefixshield.traces.tokens import splitmix64
 
 class ColumnCreationLog(CreationLog):
-    """A :class:`CreationLog` whose first rows came as columns (written by :func:`run_loop`);
+    """A `CreationLog` whose first rows came as columns (written by `run_loop`);
     rows appended later follow them."""
 
     def __init__(self, t_s: np.ndarray, group: np.ndarray, contract: np.ndarray,
@@ -170,8 +170,8 @@ COALESCE = 28
 STOP_AFTER_STEP = 29
 POOL_BLOCKS = 30
 POLICY = 31
-"""Which policy the loop drives: :data:`POLICY_LRU`, :data:`POLICY_PREFIXSHIELD`,
-:data:`POLICY_STATIC_QUOTA` or :data:`POLICY_S3FIFO`."""
+"""Which policy the loop drives: `POLICY_LRU`, `POLICY_PREFIXSHIELD`,
+`POLICY_STATIC_QUOTA` or `POLICY_S3FIFO`."""
 MAX_SAMPLES = 32
 """PrefixShield's ``max_debt_samples`` (its debt log's bound, see ``_debt_log_append``)."""
 QUOTA = 33
@@ -188,7 +188,7 @@ TABLE_BASE = 37
 """Table offset of the window's first request (the same, for ``table`` and ``table_off``)."""
 WINDOW_END = 38
 """First request whose hashes and table are not in the window: its arrival returns
-:data:`NEED_WINDOW` (``n`` when the window holds every request)."""
+`NEED_WINDOW` (``n`` when the window holds every request)."""
 NUM_CTL = 39
 
 # Policies the loop drives (ctl[POLICY]).
@@ -298,7 +298,7 @@ def _ps_num_free(ps):
 def _free_request(r, ctl, now, req, win, rec, scr, pool, pol, held):
     """``KVCacheManager.free``: release request ``r``'s blocks tail first, hand the ones
     reaching ref_cnt 0 to the policy (``on_release``); the row's blocks and computed tokens
-    drop to 0. (The tuples are :func:`run_loop`'s.)"""
+    drop to 0. (The tuples are `run_loop`'s.)"""
     state, group_id = req[4], req[1]
     table, table_off = win[0], req[6]
     block_s, held_since = rec[7], rec[8]
@@ -365,9 +365,9 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, req, win, rec, scr,
               series):
     """``KVCacheManager.allocate_slots`` of request ``r`` (hits ``hits[:num_hit]``, reservation
     ``reserve`` tokens) under the policy ``ctl[POLICY]``; False if the blocks do not fit
-    (nothing changed then). The pool calls the policy's events in :class:`BlockPool`'s order:
+    (nothing changed then). The pool calls the policy's events in `BlockPool`'s order:
     ``on_hit`` then ``on_acquire`` (touch), ``select_victims`` (take), ``on_materialize`` after
-    the creation record (cache). (The tuples are :func:`run_loop`'s.)"""
+    the creation record (cache). (The tuples are `run_loop`'s.)"""
     (arrival_s, group_id, contract_id, prefix_id, state, materialized, table_off,
      hash_off) = req
     table, hashes = win
@@ -489,7 +489,7 @@ def run_loop(ctl, fctl, req, win, rec, batch, scr, pool, pol, series):
     * ``ctl``, ``fctl``: loop state and configuration (the slot constants of this module).
     * ``req``: per request ``(arrival_s, group_id, contract_id, prefix_id, state,
       materialized, table_off, hash_off)``: seconds; ids; the batch matrix of
-      :mod:`~prefixshield.simulator.batch` (one row per request); full blocks it computed and
+      `batch` (one row per request); full blocks it computed and
       cached over its life; its offsets in the flat tables and hashes (request r's hashes are
       ``hash_off[r]:hash_off[r+1]``).
     * ``win``: the window's ``(table, hashes)``: flat block tables and block hashes.
@@ -516,8 +516,8 @@ def run_loop(ctl, fctl, req, win, rec, batch, scr, pool, pol, series):
       series (``ctl[NUM_HELD]``).
 
     Returns:
-        :data:`DONE`, :data:`CHECK`, :data:`GROW`, :data:`NEED_WINDOW` or
-        :data:`NEVER_ADMITTED`.
+        `DONE`, `CHECK`, `GROW`, `NEED_WINDOW` or
+        `NEVER_ADMITTED`.
     """
     (arrival_s, group_id, contract_id, prefix_id, state, materialized, table_off,
      hash_off) = req
@@ -812,7 +812,7 @@ def _mod_small(x, vocab, inv):
 @njit(cache=True)
 def _fill_segment(buf, pos, seed, segment_id, length, vocab, inv):
     """Token ids ``0 .. length-1`` of ``segment_id`` under ``seed`` into ``buf[pos:]`` (those of
-    :func:`prefixshield.traces.tokens._fill_segment_tokens`, as uint64)."""
+    `prefixshield.traces.tokens._fill_segment_tokens`, as uint64)."""
     base = _segment_base(seed, segment_id)
     if vocab >= 1 << 32 or vocab < 2:
         for t in range(length):
@@ -864,16 +864,16 @@ def build_hashes(seed, vocab_size, seg_ids, seg_lens, seg_offsets, output_segmen
     """Block hashes of requests ``lo .. hi-1``, ``hashes[hash_off[i] - base:hash_off[i+1] -
     base]`` for request i (one per full block of prompt then output; ``lo, hi, base = 0, n,
     0``: the whole trace into a buffer of all its hashes): those of
-    :func:`~prefixshield.simulator.hashing.chain_block_hashes` over the token ids of
-    :func:`~prefixshield.traces.tokens.prompt_token_ids` (the output: segment
+    `chain_block_hashes` over the token ids of
+    `prompt_token_ids` (the output: segment
     ``output_segment_id[i]``, or segment ``row_base + i`` of ``output_salt_seed`` when
     negative). ``row_base``: the trace row of index 0 of the per-request arrays (a streamed
-    run holds a window of rows, :mod:`prefixshield.simulator.stream`).
+    run holds a window of rows, `prefixshield.simulator.stream`).
 
     Both are recomputed here (tested equal): the hash chain is a serial dependency (each
     token's mix waits for the previous one), so four requests' chains advance in lock step to
     keep the multiplier busy, over token ids generated per request into small buffers, with
-    the ``% vocab_size`` done by :func:`_mod_small` (a 64-bit division costs more than the
+    the ``% vocab_size`` done by `_mod_small` (a 64-bit division costs more than the
     rest of a token's work).
     """
     n = hi

@@ -1,4 +1,4 @@
-"""Request-level KV cache manager: vLLM's ``KVCacheManager`` over our :class:`BlockPool`.
+"""Request-level KV cache manager: vLLM's ``KVCacheManager`` over our `BlockPool`.
 
 Holds the per-request block tables and implements vLLM's three calls the scheduler makes:
 ``get_computed_blocks`` (prefix lookup, no side effect), ``allocate_slots`` (touch hits, take new
@@ -65,7 +65,7 @@ class Sequence:
 def make_sequence(request_id: int, group: int, contract: int, prefix_id: int,
                   token_ids: np.ndarray, num_prompt_tokens: int, block_size: int,
                   hash_seed: int) -> Sequence:
-    """Build a :class:`Sequence`, hashing every full block of ``token_ids`` under ``group``."""
+    """Build a `Sequence`, hashing every full block of ``token_ids`` under ``group``."""
     hashes = chain_block_hashes(token_ids, token_ids.shape[0], block_size, group, hash_seed)
     max_blocks = -(-token_ids.shape[0] // block_size)
     return Sequence(request_id, group, contract, prefix_id, token_ids, num_prompt_tokens, hashes,
@@ -115,7 +115,7 @@ class KVCacheManager:
             seq: the request.
             num_new_tokens: tokens to compute in this step (after the prefix hit).
             now: simulated seconds (for the policy's accounting clock).
-            new_computed_blocks: prefix-hit blocks from :meth:`get_computed_blocks` (first
+            new_computed_blocks: prefix-hit blocks from `get_computed_blocks` (first
                 allocation only); their tokens count as computed.
             num_tokens_to_reserve: if larger than the tokens this step needs, the free-block check
                 is made for that many tokens instead (full-prompt reservation at admission);

@@ -47,7 +47,7 @@ def attacker_group(result: RunResult) -> str | None:
 
 def creation(result: RunResult, group: str, window: tuple[float, float]) -> dict[str, float]:
     """``created_blocks``, ``pressure_ratio`` and ``mean_debt_blocks`` of ``group`` over
-    ``window`` (see :func:`prefixshield.simulator.creation.group_creation`)."""
+    ``window`` (see `prefixshield.simulator.creation.group_creation`)."""
     return group_creation(result.creations, result.groups.index(group), result.contract_rho,
                           result.contract_beta, window)
 
@@ -87,12 +87,12 @@ def summarize(result: RunResult) -> dict:
 def summary_of(column, count: int, victims: bool, preemptions: int,
                kv: tuple[pd.Series, pd.Series] | None, pressure: dict, evictions: int,
                num_steps: int, num_events: int) -> dict:
-    """:func:`summarize`'s dict from its parts, for runs whose records are in memory and for
+    """`summarize`'s dict from its parts, for runs whose records are in memory and for
     streamed runs that read them from a file a column at a time
-    (:mod:`prefixshield.simulator.stream`): the same expressions on the same values.
+    (`prefixshield.simulator.stream`): the same expressions on the same values.
 
     Args:
-        column: name -> that column of the judged population (:func:`population`), a Series.
+        column: name -> that column of the judged population (`population`), a Series.
         count: requests in the population; ``victims``: whether it is the measured victims.
         preemptions: preemptions of every request.
         kv: the attacker's requests' ``block_s`` and every request's (Series), None without
@@ -200,7 +200,7 @@ def _time_weighted_mean(t: np.ndarray, v: np.ndarray, start: float, end: float) 
 
 def held_frame(result: RunResult) -> pd.DataFrame:
     """Blocks held by running requests over time, long form: ``t_s, group, blocks`` (a row per
-    change per group; the series :attr:`RunResult.held` records)."""
+    change per group; the series `RunResult.held` records)."""
     t = np.repeat(result.held_t, len(result.groups))
     g = np.tile(np.asarray(result.groups, dtype=object), len(result.held_t))
     return pd.DataFrame({"t_s": t, "group": g, "blocks": result.held.reshape(-1)})

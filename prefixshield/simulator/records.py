@@ -1,6 +1,6 @@
 """Per-request records of a finished run, built column by column into their final buffers.
 
-:func:`build_records` is what :meth:`Engine.records <prefixshield.simulator.engine.Engine.records>`
+[`build_records`][prefixshield.simulator.records.build_records] is what `Engine.records`
 returns: one row per request, the same columns, dtypes and values as building a
 ``pd.DataFrame`` from a dict of per-column arrays (tested equal, and equal Parquet bytes), built
 with less memory traffic, which at 10^6 requests is most of its cost:
@@ -22,7 +22,7 @@ so changing one in place changes nothing else.
 Where the rest of the time goes at 10^6 requests: fresh memory. Buffers this large are mapped
 from the kernel at each allocation, and the kernel zeroes each new page on its first write
 (``clear_page_erms``: half of ``Engine.run``'s time at 10^6 requests under ``perf``, 6% at
-10^5, where the allocator reuses memory it already holds); see :mod:`prefixshield.bench.scale`.
+10^5, where the allocator reuses memory it already holds); see `prefixshield.bench.scale`.
 """
 
 from __future__ import annotations
@@ -71,14 +71,14 @@ def _names_of(names: list[str], ids: np.ndarray, out: np.ndarray) -> None:
 
 def build_records(engine: Any) -> pd.DataFrame:
     """Per-request records of ``engine`` (after its run): arrival, identity, tokens, new blocks,
-    TTFT, latency, preemptions; columns and dtypes :data:`RECORD_COLUMNS`.
+    TTFT, latency, preemptions; columns and dtypes `RECORD_COLUMNS`.
 
     Args:
-        engine: a finished :class:`~prefixshield.simulator.engine.Engine`, or any object with
+        engine: a finished [`Engine`][prefixshield.simulator.engine.Engine], or any object with
             the same plain data (this module does not import the engine, which imports it):
-            the per-request arrays :data:`~prefixshield.simulator.requests.RECORD_INPUTS`
-            (declared in :mod:`prefixshield.simulator.requests`, under those names; a streamed
-            run's window, a :class:`~prefixshield.simulator.requests.RowSlice` of one) and the
+            the per-request arrays [`RECORD_INPUTS`][prefixshield.simulator.requests.RECORD_INPUTS]
+            (declared in `prefixshield.simulator.requests`, under those names; a streamed
+            run's window, a [`RowSlice`][prefixshield.simulator.requests.RowSlice] of one) and the
             name lists ``groups`` and ``contracts``.
 
     Returns:

@@ -3,21 +3,21 @@
 A run's per-request state is a struct of arrays indexed by trace row (arrival order). Three
 kinds of fields, each declared here once (name, dtype, initial value, meaning):
 
-* :data:`TRACE_FIELDS`: read from the trace before the run (``request_id``, ``arrival_s``,
+* `TRACE_FIELDS`: read from the trace before the run (``request_id``, ``arrival_s``,
   the group and contract ids, ...); never written by a run;
-* :data:`RESULT_FIELDS`: written by the run (``first_token_s`` .. ``block_s``), allocated
-  with their initial values by :func:`allocate`; the records are built from them
-  (:func:`~prefixshield.simulator.records.build_records`);
-* :data:`LOOP_FIELDS`: what the fused loop alone keeps per request besides
+* `RESULT_FIELDS`: written by the run (``first_token_s`` .. ``block_s``), allocated
+  with their initial values by `allocate`; the records are built from them
+  ([`build_records`][prefixshield.simulator.records.build_records]);
+* `LOOP_FIELDS`: what the fused loop alone keeps per request besides
   (``materialized``, ``held_since``), and the batched step's counter matrix ``_state``
-  (:data:`STATE_MATRIX`, ``[n, batch.NUM_FIELDS]`` int64, :func:`state_matrix`).
+  (`STATE_MATRIX`, ``[n, batch.NUM_FIELDS]`` int64, `state_matrix`).
 
-Every holder of these arrays uses the declaration: the :class:`~prefixshield.simulator.
-engine.Engine` (its attributes under these names), a streamed run's window of rows
-(:class:`~prefixshield.simulator.stream.Window`: :data:`CARRIED` is what it carries from one
-window to the next), the records builder (:data:`RECORD_INPUTS`, read off any object holding
-them, such as a :class:`RowSlice`), and fleet replicas sharing one trace's rows
-(:class:`~prefixshield.fleet.replica.SharedRows`).
+Every holder of these arrays uses the declaration: the `Engine`
+(its attributes under these names), a streamed run's window of rows
+(`Window`: [`CARRIED`][prefixshield.simulator.requests.CARRIED] is what it carries from one
+window to the next), the records builder (`RECORD_INPUTS`, read off any object holding
+them, such as a `RowSlice`), and fleet replicas sharing one trace's rows
+(`SharedRows`).
 
 Units: seconds, tokens, blocks, as the engine's.
 """
@@ -95,11 +95,11 @@ LOOP_FIELDS: tuple[Field, ...] = (
     Field("held_since", np.dtype(np.float64), 0.0, "when its block table last changed, s "
           "(fused loop's block-seconds)"),
 )
-"""The fused loop's own per-request state (an :class:`Engine` builds them per fused run)."""
+"""The fused loop's own per-request state (an `Engine` builds them per fused run)."""
 
 STATE_MATRIX = "_state"
 """The batched step's per-request counters (``[n, batch.NUM_FIELDS]`` int64, columns
-:mod:`prefixshield.simulator.batch`'s ``PROMPT`` .. ``ADMISSION``): :func:`state_matrix`."""
+`prefixshield.simulator.batch`'s ``PROMPT`` .. ``ADMISSION``): `state_matrix`."""
 
 CARRIED: tuple[str, ...] = ((STATE_MATRIX,) + tuple(f.name for f in RESULT_FIELDS)
                             + tuple(f.name for f in LOOP_FIELDS))
@@ -108,7 +108,7 @@ CARRIED: tuple[str, ...] = ((STATE_MATRIX,) + tuple(f.name for f in RESULT_FIELD
 RECORD_INPUTS: tuple[str, ...] = (tuple(f.name for f in TRACE_FIELDS
                                         if f.name != "output_segment_id")
                                   + tuple(f.name for f in RESULT_FIELDS))
-"""What :func:`~prefixshield.simulator.records.build_records` reads per request."""
+"""What [`build_records`][prefixshield.simulator.records.build_records] reads per request."""
 
 
 def allocate(target: Any, n: int, fields: tuple[Field, ...] = RESULT_FIELDS) -> None:
@@ -129,7 +129,7 @@ def state_matrix(prompt_tokens: np.ndarray, output_tokens: np.ndarray) -> np.nda
 
 class RowSlice:
     """Rows ``lo .. hi-1`` of ``source``'s per-request arrays (views; ``names``, by default
-    :data:`RECORD_INPUTS`) with its ``groups`` and ``contracts``: what the records builder
+    `RECORD_INPUTS`) with its ``groups`` and ``contracts``: what the records builder
     reads of part of a run."""
 
     def __init__(self, source: Any, lo: int, hi: int,

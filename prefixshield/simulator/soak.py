@@ -7,7 +7,7 @@ take chunked prefill steps and decode steps (which open and fill blocks); random
 preempted (freed, then re-admitted later: recomputation) or finish; the clock jumps by random
 amounts, sometimes far (debt clears, buckets refill). After every operation the pool's invariants
 (free set == ref-count-0 blocks, null block, occupancy == owners, hash map) and the policy's own
-(:meth:`~prefixshield.policies.base.Policy.check_invariants`) are checked; a violation raises
+(`check_invariants`) are checked; a violation raises
 with the operation number, so a failure is reproducible from ``(policy, compat, seed, op)``.
 
 ``python -m prefixshield.simulator.soak --ops 1000000`` runs the full size for every policy and

@@ -1,21 +1,21 @@
 """Streamed runs: a trace fed to the fused loop a window of rows at a time, its outputs written
 out as they become final, so that memory does not grow with the trace's length.
 
-An unstreamed run (:meth:`Engine.run <prefixshield.simulator.engine.Engine.run>`) holds the
+An unstreamed run ([`Engine.run`][prefixshield.simulator.engine.Engine.run]) holds the
 whole trace, every per-request array of the engine (``_state``, ``first_token_s``, ...,
 ``block_s``, the flat segments), the records frame and time series that grow with the run.
-:class:`StreamedRun` runs the same fused loop (:func:`~prefixshield.simulator.fused.run_loop`,
-whose code is unchanged) over a :class:`Window` of consecutive rows: the oldest request still
-waiting or running, every row after it, and up to :attr:`StreamedRun.window_rows` further
+`StreamedRun` runs the same fused loop (`run_loop`,
+whose code is unchanged) over a `Window` of consecutive rows: the oldest request still
+waiting or running, every row after it, and up to `StreamedRun.window_rows` further
 arrivals. The window's arrays are indexed from 0 (row ``base`` of the trace is index 0), so
 the kernel sees a short trace; when an arrival reaches the window's end
-(:data:`~prefixshield.simulator.fused.NEED_WINDOW`) the window slides:
+(`NEED_WINDOW`) the window slides:
 
 * the rows before the new oldest live request are finished: their record fields are final,
-  and they go to the sink (:class:`RunFiles`, ``records.parquet``);
+  and they go to the sink (`RunFiles`, ``records.parquet``);
 * the rows kept are copied to the front of new arrays (their block tables and hashes with
   them) and the next rows of the source are appended, their hashes built
-  (:func:`~prefixshield.simulator.fused.build_hashes` with ``row_base``: a request without
+  (`build_hashes` with ``row_base``: a request without
   an output segment draws its output tokens from its row in the whole trace);
 * every row id the loop holds (``NEXT_ARRIVAL``, the running order, the waiting ring) is
   rebased by the same shift. The loop reads a request's arrays only between its arrival and
@@ -29,18 +29,18 @@ once the source is exhausted, else any number past the window.
 The time series are spilled at each slide and each buffer enlargement: occupancy and held
 blocks (keeping their last row, which the loop compares against) and the creation log, to
 ``occupancy.parquet``, ``held.parquet`` (the long form of
-:func:`~prefixshield.simulator.metrics.occupancy_frame`) and ``creations.parquet``.
+[`occupancy_frame`][prefixshield.simulator.metrics.occupancy_frame]) and ``creations.parquet``.
 PrefixShield's debt log stays in memory: it is bounded already (``max_debt_samples``).
 
 What stays in memory is the pool, the policy's state, the window (live requests and the next
 arrivals: a backlog that grows holds more rows, as it holds more requests) and one chunk of
-each series. :func:`summarize_files` then computes :func:`~prefixshield.simulator.metrics.
-summarize`'s figures from the files, one column of the judged population at a time (exact
+each series. `summarize_files` then computes `summarize`'s
+figures from the files, one column of the judged population at a time (exact
 means and quantiles need the column whole: 8 bytes per request, after the run), and the
 attacker's creation figures a row group at a time.
 
 Streaming takes the fused loop only (FCFS without limits, one of the four fused policies, the
-linear cost model): anything else raises :class:`~prefixshield.simulator.engine.EngineError`.
+linear cost model): anything else raises [`EngineError`][prefixshield.simulator.engine.EngineError].
 
 Units: seconds, tokens, blocks, as the engine's.
 """
@@ -84,7 +84,7 @@ _ROW_COLUMNS = ("request_id", "arrival_s", "group_id", "contract_id", "role", "p
 
 class Window:
     """Per-request arrays of consecutive trace rows ``base .. base + len - 1``, under the
-    engine's names (what :meth:`Engine._fused_call` and :func:`build_records` read).
+    engine's names (what `Engine._fused_call` and `build_records` read).
 
     The loop's state (``_state``, ``first_token_s`` .. ``block_s``, ``materialized``,
     ``held_since``) starts as an unstreamed engine's does; ``trace.requests`` holds the three
@@ -146,7 +146,7 @@ class Window:
 
 
 def window_of(trace: Trace, groups: list[str], contracts: list[str], base: int) -> Window:
-    """A chunk's rows as a :class:`Window` (group and contract ids into the whole trace's
+    """A chunk's rows as a `Window` (group and contract ids into the whole trace's
     names), the first being trace row ``base``."""
     df = trace.requests
     seg = trace.segments()
@@ -168,8 +168,8 @@ def window_of(trace: Trace, groups: list[str], contracts: list[str], base: int) 
 
 
 class _Feed:
-    """The stream's rows as :class:`Window` pieces, taken a number of rows at a time; each
-    piece checked to fit the pool (:func:`check_fits`, naming the row)."""
+    """The stream's rows as `Window` pieces, taken a number of rows at a time; each
+    piece checked to fit the pool (`check_fits`, naming the row)."""
 
     def __init__(self, stream: TraceStream, config: EngineConfig) -> None:
         self.stream, self.config = stream, config
@@ -234,7 +234,7 @@ def _records_frame(window: Window, lo: int, hi: int) -> pd.DataFrame:
 
 
 def _series_frame(t: np.ndarray, rows: np.ndarray, groups: list[str]) -> pd.DataFrame:
-    """The long form of a series (:func:`~prefixshield.simulator.metrics.occupancy_frame`)."""
+    """The long form of a series (`occupancy_frame`)."""
     return pd.DataFrame({"t_s": np.repeat(t, len(groups)),
                          "g": np.tile(np.asarray(groups, dtype=object), len(t)),
                          "blocks": rows.reshape(-1)}).rename(columns={"g": "group"})
@@ -242,7 +242,7 @@ def _series_frame(t: np.ndarray, rows: np.ndarray, groups: list[str]) -> pd.Data
 
 class _ParquetOut:
     """One Parquet file written a frame at a time under a temporary name in its folder,
-    renamed to its own at :meth:`close` (nothing half-written stands under the final name)."""
+    renamed to its own at `close` (nothing half-written stands under the final name)."""
 
     def __init__(self, path: Path, empty: pd.DataFrame) -> None:
         self.path, self.empty = path, empty
@@ -298,7 +298,7 @@ class RunFiles:
             "creations": _ParquetOut(self.folder / "creations.parquet", empty_cre)}
 
     def path(self, name: str) -> Path:
-        """The final path of output ``name`` (one of :attr:`NAMES`)."""
+        """The final path of output ``name`` (one of `NAMES`)."""
         return self.out[name].path
 
     def records(self, df: pd.DataFrame) -> None:
@@ -339,11 +339,11 @@ class StreamedResult:
     """What a streamed run leaves in memory: its files and run-level figures.
 
     Attributes:
-        files: the output paths by name (:attr:`RunFiles.NAMES`).
+        files: the output paths by name (`RunFiles.NAMES`).
         groups, contracts: names by id; ``contract_rho`` / ``contract_beta``: refill
             (blocks/s) and burst (blocks) per contract.
         evictions: cached blocks reclaimed, ``[requesting group, owner group]``.
-        num_steps, num_events: as :class:`RunResult`'s; ``num_windows``: windows taken.
+        num_steps, num_events: as `RunResult`'s; ``num_windows``: windows taken.
         policy_stats: the policy's counters at the end (PrefixShield's debt samples included).
         trace_meta: the trace's ``meta``; ``requests``: rows run.
     """
@@ -363,7 +363,7 @@ class StreamedResult:
     summary: dict = field(default_factory=dict)
 
     def load(self) -> RunResult:
-        """The whole run as a :class:`RunResult`, read back from the files (small runs:
+        """The whole run as a `RunResult`, read back from the files (small runs:
         tests and comparisons; a long run's records do not fit in memory by design)."""
         rec = read_frame(self.files["records"])
 
@@ -386,18 +386,18 @@ class StreamedResult:
 
 
 class StreamedRun:
-    """One engine replaying a :class:`TraceStream` in windows (see the module docstring).
+    """One engine replaying a `TraceStream` in windows (see the module docstring).
 
     Args:
         stream: the trace, in chunks.
         policy: a fresh policy sized ``config.num_blocks``: LRU, PrefixShield, StaticQuota or
             S3-FIFO (the fused loop's).
-        cost: the linear :class:`CostModel`.
+        cost: the linear [`CostModel`][prefixshield.simulator.costmodel.CostModel].
         config: the engine's settings; its scheduler must be FCFS without per-tenant limits.
         contracts: contract name -> entitlement.
-        folder: where :class:`RunFiles` writes.
-        window_rows: new arrivals per window (:data:`STREAM_WINDOW_ROWS`; tests force a few).
-        coalesce_decode: as :class:`Engine`'s.
+        folder: where `RunFiles` writes.
+        window_rows: new arrivals per window (`STREAM_WINDOW_ROWS`; tests force a few).
+        coalesce_decode: as [`Engine`][prefixshield.simulator.engine.Engine]'s.
 
     Raises:
         EngineError: the run cannot stream (not the fused loop), or the trace cannot run.
@@ -503,7 +503,7 @@ class StreamedRun:
     # ------------------------------------------------------------------ the run
     def run(self) -> StreamedResult:
         """Run the whole stream, writing the files (renamed into place at the end; on an
-        error none is left). Returns the run-level figures; :func:`summarize_files` gives its
+        error none is left). Returns the run-level figures; `summarize_files` gives its
         summary."""
         files = RunFiles(self.folder, self.stream.groups)
         try:
@@ -623,7 +623,7 @@ def _column(pf: pq.ParquetFile, name: str, masks: list[np.ndarray]) -> pd.Series
 
 
 def summarize_files(result: StreamedResult) -> dict:
-    """:func:`~prefixshield.simulator.metrics.summarize` of a streamed run, from its files:
+    """[`summarize`][prefixshield.simulator.metrics.summarize] of a streamed run, from its files:
     the same dict, bit for bit. Each figure reads one column (of the judged population, or of
     the attacker's requests) a row group at a time; the attacker's creation pressure and debt
     read the creation log a row group at a time."""
@@ -665,7 +665,7 @@ def summarize_files(result: StreamedResult) -> dict:
 
 
 def _measured_window(pf: pq.ParquetFile, meta: dict) -> tuple[float, float]:
-    """:func:`~prefixshield.simulator.metrics.measured_window` from the records file."""
+    """[`measured_window`][prefixshield.simulator.metrics.measured_window] from the records file."""
     if "measure_start_s" in meta and "measure_end_s" in meta:
         return float(meta["measure_start_s"]), float(meta["measure_end_s"])
     lo, hi, any_ = np.inf, -np.inf, False

@@ -1,15 +1,15 @@
 """Traces: the request schema, importers of public traces, Parquet I/O.
 
-- :mod:`.schema`: ``Trace``, ``TRACE_COLUMNS``, ``TraceError``.
-- ``Contract``, ``DEFAULT_CONTRACTS``: from :mod:`prefixshield.tenancy`, named here too.
-- :mod:`.segments`: segment-id namespaces per (group, kind).
-- :mod:`.tokens`: deterministic token ids of segments (numba; imported on demand).
-- :mod:`.rows`: ``RequestRows``, the row accumulator of generators and importers.
-- :mod:`.conversations`: the ShareGPT turn table and multi-turn conversation rows.
-- :mod:`.importers`: ``import_mooncake``, ``import_sharegpt``, ``import_azure``.
-- :mod:`.io`: ``write_trace``, ``read_trace``.
+- [`schema`][prefixshield.traces.schema]: ``Trace``, ``TRACE_COLUMNS``, ``TraceError``.
+- ``Contract``, ``DEFAULT_CONTRACTS``: from `prefixshield.tenancy`, named here too.
+- [`segments`][prefixshield.traces.schema.Trace.segments]: segment-id namespaces per (group, kind).
+- `tokens`: deterministic token ids of segments (numba; imported on demand).
+- `rows`: ``RequestRows``, the row accumulator of generators and importers.
+- `conversations`: the ShareGPT turn table and multi-turn conversation rows.
+- `importers`: ``import_mooncake``, ``import_sharegpt``, ``import_azure``.
+- [`io`][prefixshield.traces.io]: ``write_trace``, ``read_trace``.
 
-Synthetic workload generators live in :mod:`prefixshield.workloads`.
+Synthetic workload generators live in `prefixshield.workloads`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ _LAZY = {"import_azure": "importers", "import_mooncake": "importers",
 
 
 def __getattr__(name: str) -> Any:
-    """``import_azure``, ``import_mooncake``, ``import_sharegpt`` (from :mod:`.importers`),
-    ``read_trace``, ``write_trace`` (from :mod:`.io`), and those two modules themselves, imported
+    """``import_azure``, ``import_mooncake``, ``import_sharegpt`` (from `importers`),
+    ``read_trace``, ``write_trace`` (from `io`), and those two modules themselves, imported
     when first asked for (they were attributes of the package before they became lazy)."""
     if name in _LAZY:
         value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)

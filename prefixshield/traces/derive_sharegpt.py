@@ -4,8 +4,8 @@ Usage (from the repository root)::
 
     python -m prefixshield.traces.derive_sharegpt [--source FILE] [--out FILE] [--check]
 
-The derivation (see ``traces/data/PROVENANCE.md``): :func:`prefixshield.traces.importers.
-parse_sharegpt` with 4 characters per token (chunks ``<conv>_<k>`` joined, sides merged), then
+The derivation (see ``traces/data/PROVENANCE.md``): `prefixshield.traces.importers.parse_sharegpt`
+with 4 characters per token (chunks ``<conv>_<k>`` joined, sides merged), then
 each conversation cut to its leading turns whose cumulative tokens stay within
 ``STORED_CAP_TOKENS``; conversations left with no turn are dropped and renumbered. The output is
 byte-for-byte reproducible (gzip without a timestamp). ``--check`` compares instead of writing

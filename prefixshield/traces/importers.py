@@ -1,19 +1,19 @@
 """Importers: external traces onto the trace schema.
 
-- :func:`import_mooncake`: Mooncake JSONL (``timestamp`` ms, ``input_length``, ``output_length``,
+- `import_mooncake`: Mooncake JSONL (``timestamp`` ms, ``input_length``, ``output_length``,
   ``hash_ids`` at 512-token granularity).
-- :func:`import_sharegpt`: ShareGPT JSON conversations -> multi-turn requests.
-- :func:`import_azure`: Azure LLM inference CSV (``TIMESTAMP``, ``ContextTokens``,
+- `import_sharegpt`: ShareGPT JSON conversations -> multi-turn requests.
+- `import_azure`: Azure LLM inference CSV (``TIMESTAMP``, ``ContextTokens``,
   ``GeneratedTokens``).
 
-Every malformed record raises :class:`~prefixshield.traces.schema.TraceError` naming the file,
+Every malformed record raises [`TraceError`][prefixshield.traces.schema.TraceError] naming the file,
 the line number and the field; no record is ever skipped silently. Groups: ``groups`` lists the
-group names, or ``num_groups`` asks for :func:`group_names` (default: one group ``"default"``);
+group names, or ``num_groups`` asks for `group_names` (default: one group ``"default"``);
 records (conversations for ShareGPT) are assigned to them by a tenant model
-(:data:`TENANT_MODELS`; default round-robin in file order). Every import records the requests
+(`TENANT_MODELS`; default round-robin in file order). Every import records the requests
 each group received (``meta["requests_per_group"]``) and refuses, unless
 ``allow_fewer_groups``, a model that left a group without requests
-(:func:`~prefixshield.traces.tenants.check_group_count`).
+(`check_group_count`).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ TENANT_MODELS = ("round_robin", "session", "prefix", "zipf", "servegen", "map", 
   *every* request shares: a system prompt where the trace has several, a conversation or
   document where it has none), or, on a trace with fewer roots than groups, a *session* within
   a root (the block after the root's own shared prefix); see
-  :func:`~prefixshield.traces.tenants.deal_tenants`. Azure has neither;
+  `deal_tenants`. Azure has neither;
 - ``prefix``: by root (or session) key mod G (Mooncake);
 - ``zipf``: heterogeneous tenants: each unit (conversation, root or session, or record for
   Azure) goes to group g with probability proportional to ``1 / (g + 1) ** tenant_skew``
@@ -74,7 +74,7 @@ TENANT_MODELS = ("round_robin", "session", "prefix", "zipf", "servegen", "map", 
 - ``servegen``: like ``zipf``, with the shares of real clients: group g gets the share of
   requests that ServeGen's g-th busiest ``m-large`` client sent in their busiest hour (the
   ``servegen`` workload's data; at most 8 groups);
-- ``map``: an explicit CSV (:func:`read_tenant_map`): ``record,group`` and optional
+- ``map``: an explicit CSV (`read_tenant_map`): ``record,group`` and optional
   ``contract`` and ``priority`` columns.
 
 Every model but ``map`` and ``trace`` fills all G groups when there are at least G units to
@@ -85,16 +85,16 @@ deal; fewer sessions than groups is a one-line error before any request is built
 def assign_tenants(model: str, units: np.ndarray, groups: Sequence[str], seed: int,
                    tenant_skew: float = 1.0, mapping=None,
                    sessions: np.ndarray | None = None) -> np.ndarray:
-    """Group index of every record under tenant ``model`` (see :data:`TENANT_MODELS`).
+    """Group index of every record under tenant ``model`` (see `TENANT_MODELS`).
 
     Args:
         units: per record, the key of what must stay together (record index, conversation,
             prefix root); records with equal keys get the same group unless ``sessions``
-            splits them (see :func:`~prefixshield.traces.tenants.deal_tenants`).
+            splits them (see `deal_tenants`).
         groups: the group names (G of them).
         seed: seed of the ``zipf`` draw (one stream, independent of token ids).
         tenant_skew: ``zipf`` exponent (> 0; larger: more skewed).
-        mapping: for ``map``: the per-record group indices (see :func:`read_tenant_map`).
+        mapping: for ``map``: the per-record group indices (see `read_tenant_map`).
         sessions: per record, its session within its unit (None: the unit itself).
     """
     units = np.asarray(units, dtype=np.int64)
@@ -111,7 +111,7 @@ def assign_tenants(model: str, units: np.ndarray, groups: Sequence[str], seed: i
 
 
 class TenantMap(NamedTuple):
-    """A ``--tenant-map`` CSV read (see :func:`read_tenant_map`)."""
+    """A ``--tenant-map`` CSV read (see `read_tenant_map`)."""
 
     groups: list[str]
     """Group names, in order of first use (or as given)."""
@@ -209,7 +209,7 @@ def read_tenant_map(path: str | os.PathLike, num_records: int, groups: list[str]
 
 class Tenants(NamedTuple):
     """What a tenant model gave an import: group names, group index per record, the contract
-    and priority a map gave each group, and the plan (:func:`deal_tenants`) for the summary."""
+    and priority a map gave each group, and the plan (`deal_tenants`) for the summary."""
 
     groups: list[str]
     index: np.ndarray
@@ -280,14 +280,14 @@ def _tenants(model: str, roots: np.ndarray, sessions: np.ndarray, groups: list[s
 
 def _units(plan: dict) -> int:
     """How many units a tenant model dealt out (records, roots or sessions; see
-    :func:`~prefixshield.traces.tenants.deal_tenants`)."""
+    `deal_tenants`)."""
     return int(plan["sessions"] if plan["unit"] == "session" else plan["roots"])
 
 
 def _counted(rows: RequestRows, groups: list[str], assign: str, units: int,
              allow_fewer_groups: bool) -> dict[str, int]:
     """Requests per group of ``rows``; refuses a group left without any (see
-    :func:`~prefixshield.traces.tenants.check_group_count`)."""
+    `check_group_count`)."""
     counts = rows.count_by_group(groups)
     check_group_count(assign, counts, units, allow_fewer_groups)
     return counts
@@ -316,7 +316,7 @@ def _check_common(path: Path, groups: Sequence[str] | None, num_groups: int | No
 def open_text(path: Path, newline: str | None = None):
     """Open a trace file for reading text: gzip-compressed files (by their magic bytes, whatever
     the name) are decompressed on the fly and a UTF-8 byte-order mark is skipped. Bytes that are
-    not UTF-8 raise :class:`TraceError` naming the file (see :func:`read_text`)."""
+    not UTF-8 raise `TraceError` naming the file (see `read_text`)."""
     with open(path, "rb") as raw:
         magic = raw.read(2)
     if magic == b"\x1f\x8b":
@@ -327,7 +327,7 @@ def open_text(path: Path, newline: str | None = None):
 
 
 def read_text(path: Path) -> str:
-    """The whole text of ``path`` (gzip and BOM as :func:`open_text`); errors name the file."""
+    """The whole text of ``path`` (gzip and BOM as `open_text`); errors name the file."""
     with open_text(path) as f:
         return _decoded(path, f.read)
 
@@ -343,7 +343,7 @@ def _decoded(path: Path, fn):
 
 
 def _lines(path: Path, f):
-    """``enumerate(f, start=1)`` that turns decoding errors into :class:`TraceError`."""
+    """``enumerate(f, start=1)`` that turns decoding errors into `TraceError`."""
     it = iter(f)
     lineno = 0
     while True:
@@ -405,16 +405,16 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
 
     Args:
         path: the JSONL file; blank lines are allowed and ignored.
-        groups: group names (None: :func:`group_names` of ``num_groups``); see ``assign``.
+        groups: group names (None: `group_names` of ``num_groups``); see ``assign``.
         num_groups: number of groups when ``groups`` is None (default 1: ``"default"``).
-        assign: a tenant model (:data:`TENANT_MODELS`): ``round_robin`` over records,
+        assign: a tenant model (`TENANT_MODELS`): ``round_robin`` over records,
             ``session``/``prefix`` by prefix root (see ``prefix_id``; split into sessions
             where the roots are fewer than the groups), ``zipf``/``servegen`` (roots or
             sessions to skewed tenants, ``tenant_skew``), ``map`` (``tenant_map`` CSV),
             ``trace`` (each record's own ``tenant`` field). None: ``trace`` when every record
             has a ``tenant`` field, else ``round_robin``.
         tenant_map: the ``map`` model's CSV, or for another model a table
-            ``group,contract,priority`` (see :func:`read_tenant_map`).
+            ``group,contract,priority`` (see `read_tenant_map`).
         allow_fewer_groups: accept a tenant model that leaves a group without requests
             (otherwise a ``ValueError`` naming ``--allow-fewer-groups``).
         contract, role: of every request.
@@ -556,7 +556,7 @@ def import_azure(path: str | os.PathLike, *, groups: Sequence[str] | None = None
     the group's shared system-prompt segment (when ``system_prompt_tokens > 0``; a shorter
     prompt uses a prefix of it), the rest a unique segment. ``output_tokens`` =
     ``GeneratedTokens``. prefix_id = 0 (the system prompt) when ``system_prompt_tokens > 0``,
-    else the record index. Requests are assigned to ``groups`` (or :func:`group_names` of
+    else the record index. Requests are assigned to ``groups`` (or `group_names` of
     ``num_groups``; default: the single group ``"default"``) by the tenant model ``assign``:
     ``round_robin`` (file order), ``zipf`` (records to skewed tenants) or ``map``; Azure has no
     sessions or prefixes to keep together. A ``tenant`` column, where the file has one, is the
@@ -751,7 +751,7 @@ def parse_sharegpt(path: str | os.PathLike, *, chars_per_token: float = 4.0,
     messages of one side merge, and a turn is (user tokens, assistant tokens). Assistant text
     before any user message is folded into the first user prompt (it is context the model
     sees); a trailing user message without a reply has no output and ends the conversation
-    (counted in the stats). Tokens per message: :func:`estimate_tokens`.
+    (counted in the stats). Tokens per message: `estimate_tokens`.
 
     Args:
         path: the JSON file (a top-level array).
@@ -863,7 +863,7 @@ def import_sharegpt(path: str | os.PathLike, *, groups: Sequence[str] | None = N
                     allow_fewer_groups: bool = False) -> Trace:
     """Import ShareGPT JSON conversations as multi-turn requests (as the ``sharegpt`` workload).
 
-    Turns come from :func:`parse_sharegpt`. Every conversation is used once, in file order,
+    Turns come from `parse_sharegpt`. Every conversation is used once, in file order,
     assigned whole to one of ``groups`` by the tenant model ``assign`` (``round_robin`` and
     ``session``: conversation i to group i mod G; ``zipf``: conversations to skewed tenants;
     ``map``: records are conversations); conversation starts are Poisson at ``base_rate``
@@ -877,7 +877,7 @@ def import_sharegpt(path: str | os.PathLike, *, groups: Sequence[str] | None = N
     A group left without requests is an error unless ``allow_fewer_groups``.
 
     Raises:
-        TraceError: for malformed records, see :func:`parse_sharegpt`.
+        TraceError: for malformed records, see `parse_sharegpt`.
     """
     path = Path(path)
     groups = _check_common(path, groups, num_groups, role, 1.0)

@@ -14,7 +14,7 @@ key                            value
 
 Writes are atomic (temp file in the target folder, then ``os.replace``): a crash never leaves a
 half-written trace under the final name. Reads validate everything and raise
-:class:`~prefixshield.traces.schema.TraceError` naming the file and what is wrong.
+[`TraceError`][prefixshield.traces.schema.TraceError] naming the file and what is wrong.
 """
 
 from __future__ import annotations
@@ -130,8 +130,8 @@ def _arrow_table(trace: Trace, metadata: dict[bytes, bytes]) -> pa.Table:
 
 
 def write_trace_stream(stream: TraceStream, path: str | os.PathLike) -> tuple[Path, int]:
-    """Write a :class:`~prefixshield.traces.stream.TraceStream` to ``path`` as one trace file,
-    a chunk (row group) at a time, atomically: the file :func:`write_trace` writes for the
+    """Write a `TraceStream` to ``path`` as one trace file,
+    a chunk (row group) at a time, atomically: the file `write_trace` writes for the
     same rows and meta, with one chunk in memory whatever the trace's length.
 
     Returns:
@@ -265,7 +265,7 @@ def _trace_of(table: pa.Table, src: str, seed: int, vocab: int, meta: dict) -> T
 
 
 def read_trace(path: str | os.PathLike) -> Trace:
-    """Read and validate a trace written by :func:`write_trace`.
+    """Read and validate a trace written by [`write_trace`][prefixshield.traces.io.write_trace].
 
     Args:
         path: a Parquet trace file.
@@ -297,7 +297,7 @@ def _open(path: str | os.PathLike, reader) -> tuple[str, Any, tuple[int, int, di
 
 
 STREAM_BATCH_ROWS = 1 << 16
-"""Rows :func:`stream_trace` reads at a time."""
+"""Rows [`stream_trace`][prefixshield.traces.io.stream_trace] reads at a time."""
 
 
 def _rows_on(message: str, base: int) -> str:
@@ -307,16 +307,16 @@ def _rows_on(message: str, base: int) -> str:
 
 
 def stream_trace(path: str | os.PathLike, batch_rows: int = STREAM_BATCH_ROWS) -> TraceStream:
-    """A trace file as a :class:`~prefixshield.traces.stream.TraceStream`: its rows read
+    """A trace file as a `TraceStream`: its rows read
     ``batch_rows`` at a time in file order (``ParquetFile.iter_batches``), each batch
-    validated as :func:`read_trace` validates a trace, errors naming the row of the file.
+    validated as `read_trace` validates a trace, errors naming the row of the file.
     Memory holds one batch, whatever the file's length.
 
-    The groups and contracts (in :meth:`Trace.group_names` order) come from a first pass
+    The groups and contracts (in `Trace.group_names` order) come from a first pass
     over those two columns, a batch at a time.
 
     Raises:
-        TraceError: as :func:`read_trace` (the header and columns at once; a bad row when
+        TraceError: as `read_trace` (the header and columns at once; a bad row when
             the stream reaches it).
     """
     src, pf, (seed, vocab, meta) = _open(path, pq.ParquetFile)

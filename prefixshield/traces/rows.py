@@ -23,7 +23,7 @@ class RequestRows:
     ``add`` appends a batch of rows of one group; ``finish`` sorts all rows by arrival (ties
     keep insertion order), numbers them ``request_id = 0..n-1`` and builds the validated trace.
     Prompts are kept flat (segment ids and lengths one after another, a count per row) from
-    ``add`` to the trace (:meth:`Trace.segments`): sorting, dropping and building the list
+    ``add`` to the trace (`Trace.segments`): sorting, dropping and building the list
     columns are array operations, not a Python step per row.
     """
 
@@ -44,7 +44,7 @@ class RequestRows:
         """Append ``n = len(arrival_s)`` rows; scalars broadcast.
 
         ``seg_ids`` and ``seg_lens`` give each row's prompt segments, either as 2-D int arrays
-        of shape ``(n, k)`` (every row ``k`` segments: the fast form), as :class:`FlatRows`
+        of shape ``(n, k)`` (every row ``k`` segments: the fast form), as `FlatRows`
         (values one row after another, and the number per row), or as per-row sequences."""
         arrival_s = np.asarray(arrival_s, dtype=np.float64)
         n = len(arrival_s)
@@ -84,9 +84,9 @@ class RequestRows:
         """The trace; rows of ``drop_role`` are removed *after* numbering (no-attack controls).
 
         ``meta["tenants"]`` declares every group and contract of *all* rows (in order of first
-        arrival), then those configured with :meth:`declare`, so a control without its
+        arrival), then those configured with `declare`, so a control without its
         attacker rows keeps the attacker configured but silent: quota policies are sized for the
-        same groups, debt policies hold the same buckets (see :meth:`Trace.group_names`).
+        same groups, debt policies hold the same buckets (see `Trace.group_names`).
         """
         cols: dict[str, Any] = {}
         for k, v in self.cols.items():
@@ -129,7 +129,7 @@ class RequestRows:
 
 
 def _flat(rows, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(values, counts)`` of one batch's segment column in any form :meth:`RequestRows.add`
+    """``(values, counts)`` of one batch's segment column in any form `RequestRows.add`
     takes (int64)."""
     if isinstance(rows, np.ndarray) and rows.ndim == 2 and rows.dtype != object:
         k = rows.shape[1]

@@ -19,7 +19,7 @@ output_segment_id  int64           segment whose tokens the request "generates" 
 =================  ==============  ===============================================================
 
 Trace-level fields: ``seed`` (token ids of a segment are a pure function of seed and segment id,
-see :mod:`prefixshield.traces.tokens`), ``vocab_size`` and ``meta`` (generator name and
+see `prefixshield.traces.tokens`), ``vocab_size`` and ``meta`` (generator name and
 parameters, free-form JSON-able dict). ``meta["tenants"]`` (optional) declares the configured
 groups and contracts, ``{"groups": [...], "contracts": [...]}``, including ones without a request
 in this trace (the silent attacker of a no-attack control).
@@ -118,7 +118,7 @@ def build_requests(columns: dict[str, Any]) -> pd.DataFrame:
     Args:
         columns: every name of ``TRACE_COLUMNS`` mapped to a sequence of equal length; list
             columns hold one int sequence per row (stored as numpy int64 arrays), or are
-            :class:`Segments` (both list columns from one flat form; the cells are built from
+            `Segments` (both list columns from one flat form; the cells are built from
             it without a Python step per row). Extra names are appended after the schema
             columns unchanged.
     """
@@ -186,7 +186,7 @@ class Trace:
         return len(self.requests)
 
     def segments(self) -> Segments:
-        """The prompt segments as flat arrays (:class:`Segments`), built once per request
+        """The prompt segments as flat arrays (`Segments`), built once per request
         table (generators hand theirs over; other traces flatten their cells on first use).
 
         Raises:
@@ -205,11 +205,11 @@ class Trace:
 
     def set_segments(self, segments: Segments) -> None:
         """Hand over the flat form of the current request table's list columns (the caller
-        built both from the same arrays; :meth:`segments` then returns these)."""
+        built both from the same arrays; `segments` then returns these)."""
         self._segments, self._segments_of = segments, self.requests
 
     def validate(self, source: str = "<trace>") -> "Trace":
-        """Check columns, dtypes and value ranges; raise :class:`TraceError` naming row and field."""
+        """Check columns, dtypes and value ranges; raise `TraceError` naming row and field."""
         df = self.requests
         missing = [c for c in TRACE_COLUMNS if c not in df.columns]
         if missing:

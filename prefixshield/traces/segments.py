@@ -1,7 +1,7 @@
 """Segment-id namespaces: distinct content gets distinct ids, by construction.
 
 A prompt is a list of segments; a segment's token ids are a pure function of the trace seed and
-the segment id (:mod:`prefixshield.traces.tokens`). Two segments with the same id therefore have
+the segment id (`prefixshield.traces.tokens`). Two segments with the same id therefore have
 the same content (a shorter one is a prefix of a longer one). Generators and importers draw ids
 from disjoint ranges, one per ``(group index, kind)``::
 

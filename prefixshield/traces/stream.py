@@ -1,13 +1,13 @@
 """Traces given as consecutive chunks of rows, for runs whose memory must not grow with the
-trace (:mod:`prefixshield.simulator.stream`).
+trace (`prefixshield.simulator.stream`).
 
-A :class:`TraceStream` carries what a run needs before its first row -- the trace's seed,
-vocabulary, meta and the names of every group and contract in :meth:`Trace.group_names`
-order -- and a callable giving the chunks: validated :class:`Trace` pieces, rows in arrival
+A `TraceStream` carries what a run needs before its first row -- the trace's seed,
+vocabulary, meta and the names of every group and contract in `Trace.group_names`
+order -- and a callable giving the chunks: validated `Trace` pieces, rows in arrival
 order, row numbers going on from one chunk to the next. Sources: an in-memory trace
-(:meth:`TraceStream.of_trace`), a Parquet trace file read in row batches
-(:func:`prefixshield.traces.io.stream_trace`), a generator drawing windows of simulated time
-(:func:`prefixshield.workloads.stream_workload`).
+(`TraceStream.of_trace`), a Parquet trace file read in row batches
+(`prefixshield.traces.io.stream_trace`), a generator drawing windows of simulated time
+(`prefixshield.workloads.stream_workload`).
 
 Units: as the trace's (seconds, tokens).
 """
@@ -26,10 +26,10 @@ class TraceStream:
     """A trace given as consecutive chunks of rows, in arrival order.
 
     Attributes:
-        seed, vocab_size, meta: the trace's fields (as :class:`Trace`'s).
+        seed, vocab_size, meta: the trace's fields (as `Trace`'s).
         groups, contracts: the configured names of the whole trace, in
-            :meth:`Trace.group_names` order (declared, then by first arrival).
-        chunks: a callable returning an iterator of validated :class:`Trace` chunks; row
+            `Trace.group_names` order (declared, then by first arrival).
+        chunks: a callable returning an iterator of validated `Trace` chunks; row
             numbers go on from chunk to chunk.
         source: what errors name (a file's path).
     """
@@ -82,7 +82,7 @@ class TraceStream:
 
     def tenants_meta(self) -> dict:
         """``meta`` declaring every group and contract of the whole trace (a chunk's
-        :meth:`Trace.group_names` is then the trace's)."""
+        [`Trace.group_names`][prefixshield.traces.schema.Trace.group_names] is then the trace's)."""
         return {**self.meta, "tenants": {"groups": self.groups, "contracts": self.contracts}}
 
 

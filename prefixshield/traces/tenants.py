@@ -8,7 +8,7 @@ the first block puts every request in one group. The root is therefore the first
 the trace's requests diverge: the block after their longest common prefix.
 
 A model can still yield fewer groups than asked (fewer units than groups, or a seeded draw that
-leaves a group empty). :func:`check_group_count` makes that an error unless the caller accepts
+leaves a group empty). `check_group_count` makes that an error unless the caller accepts
 it, so a user never studies four tenants that are silently one.
 """
 
@@ -45,7 +45,7 @@ def divergence_roots(blocks: Sequence[np.ndarray]) -> tuple[np.ndarray, int]:
 
     Returns ``(roots, shared)``: ``roots[i]`` is ``blocks[i][shared]``, or the request's last
     block when the whole request lies inside the shared prefix; ``shared`` is
-    :func:`shared_prefix_blocks`. With ``shared == 0`` the roots are the first blocks.
+    `shared_prefix_blocks`. With ``shared == 0`` the roots are the first blocks.
     """
     shared = shared_prefix_blocks(blocks)
     roots = np.fromiter((int(b[min(shared, len(b) - 1)]) for b in blocks), dtype=np.int64,
@@ -80,7 +80,7 @@ def root_sessions(blocks: Sequence[np.ndarray], roots: np.ndarray, shared: int
                   ) -> tuple[np.ndarray, dict[int, int]]:
     """Each request's session within its root, and each root's own shared prefix.
 
-    A root (see :func:`divergence_roots`) may be a system prompt that many sessions share (on a
+    A root (see `divergence_roots`) may be a system prompt that many sessions share (on a
     trace with several system prompts every request's root is its prompt's first block), or
     one conversation or document. Its *own* shared prefix is the longest prefix, from the root
     block on, that all its requests have; a request's session is the block right after it, so
@@ -90,8 +90,8 @@ def root_sessions(blocks: Sequence[np.ndarray], roots: np.ndarray, shared: int
 
     Args:
         blocks: per request, its block keys (e.g. Mooncake ``hash_ids``).
-        roots: per request, its root key (:func:`divergence_roots`).
-        shared: blocks every request shares before its root (:func:`divergence_roots`).
+        roots: per request, its root key (`divergence_roots`).
+        shared: blocks every request shares before its root (`divergence_roots`).
 
     Returns:
         ``(session, root_prefix)``: ``session[i]`` is a dense session index, numbered in order
@@ -232,11 +232,11 @@ def deal_tenants(model: str, roots: np.ndarray, sessions: np.ndarray, num_groups
 
     The unit a model keeps together is a *root* (a system prompt, or a conversation or document
     when the trace has none) while the trace has at least as many roots as groups, and a
-    *session* within a root otherwise (:func:`root_sessions`):
+    *session* within a root otherwise (`root_sessions`):
 
     - ``session``: roots dealt round-robin in order of first appearance. With fewer roots than
       groups each root gets one group, the rest go to the roots with the most requests per
-      group (:func:`apportion_groups`), and a root's sessions are dealt round-robin over its
+      group (`apportion_groups`), and a root's sessions are dealt round-robin over its
       groups: a group never mixes system prompts;
     - ``prefix``: root key mod G; with fewer roots than groups, groups apportioned as for
       ``session`` and each root's sessions by session key mod its groups;
@@ -246,8 +246,8 @@ def deal_tenants(model: str, roots: np.ndarray, sessions: np.ndarray, num_groups
     - ``round_robin``: records (pass ``roots = sessions = record index``).
 
     Every model then gives each group left empty one unit of the group with the most
-    (:func:`fill_empty_groups`), so G groups over at least G units are all used; fewer units
-    than groups leave groups empty (see :func:`check_enough_sessions`).
+    (`fill_empty_groups`), so G groups over at least G units are all used; fewer units
+    than groups leave groups empty (see `check_enough_sessions`).
 
     Args:
         roots: per record, its root key (any int64; for ``prefix`` its value matters).

@@ -1,6 +1,6 @@
 """Transformations of an imported trace that keep it a valid trace.
 
-:func:`limit_request_tokens` makes a real trace fit an engine: a request whose prompt plus output
+`limit_request_tokens` makes a real trace fit an engine: a request whose prompt plus output
 needs more KV cache than the pool holds can never run on it (vLLM refuses such a prompt for a
 model whose ``max_model_len`` it exceeds), so it is either *dropped* or its prompt is *clipped*
 to its leading tokens. Clipping keeps the prompt's head: segments are prefix-consistent (the

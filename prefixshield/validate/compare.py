@@ -1,13 +1,13 @@
 """Sim-vs-live: the same trace through the simulator and a real vLLM, side by side.
 
-:func:`simulate` runs the trace in :class:`prefixshield.simulator.engine.Engine` with the live
+`simulate` runs the trace in `prefixshield.simulator.engine.Engine` with the live
 engine's settings (blocks, block size, ``max_num_seqs``, ``max_num_batched_tokens``, compat
-``"current"``, the same policy) and a caller-given :class:`CostModel`. :func:`compare` joins the
+``"current"``, the same policy) and a caller-given `CostModel`. `compare` joins the
 two per-request record sets and builds the report table ``Metric / vLLM / Sim / Diff%``
 (``Diff% = 100 * (Sim - vLLM) / vLLM``): mean hit ratio (all, measured, per group), per-request
 cached-token agreement (exact equality, with the list of disagreeing requests), P50/P95 TTFT,
 mean end-to-end latency, evictions caused and suffered per group, plus the engine facts.
-:func:`write_report` writes it as Markdown, CSV and JSON (atomically, :mod:`prefixshield.atomic`).
+`write_report` writes it as Markdown, CSV and JSON (atomically, `prefixshield.atomic`).
 
 Serialized replays: the live mode submits one request at a time, each after the previous one
 finished. The simulated trace is made serialized too by rewriting arrivals:
@@ -103,12 +103,12 @@ def simulate(trace: Trace, policy_name: str, config: EngineConfig, cost: CostMod
         trace: the trace.
         policy_name: registered policy.
         config: engine settings (use ``vllm_compat="current"`` to compare with vLLM >= 0.28).
-        cost: step-time model (a :class:`CostModel`, or a
-            :class:`~prefixshield.validate.steptimes.RecordedStepTimes` with ``step_by_step``).
-        serialize: rewrite arrivals with :func:`serialize_trace` first (bounded with ``cost``:
-            a plain :class:`CostModel` then).
+        cost: step-time model (a [`CostModel`][prefixshield.simulator.costmodel.CostModel], or a
+            `RecordedStepTimes` with ``step_by_step``).
+        serialize: rewrite arrivals with `serialize_trace` first (bounded with ``cost``:
+            a plain [`CostModel`][prefixshield.simulator.costmodel.CostModel] then).
         policy_args: keyword arguments for ``make_policy``.
-        not_before: see :func:`serialize_trace`.
+        not_before: see [`serialize_trace`][prefixshield.validate.compare.serialize_trace].
         step_by_step: run the step-by-step engine with no decode-step coalescing, so ``cost``
             is asked once per step, in order (same results as the default engine).
     """
@@ -127,7 +127,7 @@ class ComparisonReport:
     Attributes:
         table: rows ``metric, vllm, sim, diff_pct, sim_steps, steps_diff_pct, unit`` (numbers;
             NaN where not applicable): ``sim`` is the simulator with the profile, ``sim_steps``
-            the simulator replaying the live step times (:mod:`prefixshield.validate.steptimes`).
+            the simulator replaying the live step times (`prefixshield.validate.steptimes`).
         requests: per request: identity, ``prompt_tokens``, ``cached_vllm``, ``cached_sim``,
             ``cached_sim_steps``, ``ttft_vllm_s``, ``ttft_sim_s``, ``ttft_sim_steps_s``,
             ``e2e_vllm_s``, ``e2e_sim_s``, ``e2e_sim_steps_s``, ``agree`` (live = sim with the
@@ -175,8 +175,8 @@ def _sim_eviction_counts(result: RunResult) -> tuple[dict, dict]:
 def compare(live, sim: RunResult, config: EngineConfig, cost: CostModel,
             sim_steps: RunResult | None = None, step_cost=None,
             cost_source: dict | None = None) -> ComparisonReport:
-    """Build the report from a :class:`~prefixshield.live.engine.LiveResult` and the
-    simulator's :class:`RunResult` of the same trace (rows matched by ``request_id``).
+    """Build the report from a [`LiveResult`][prefixshield.live.engine.LiveResult] and the
+    simulator's `RunResult` of the same trace (rows matched by ``request_id``).
 
     Args:
         live: the live replay.
@@ -185,7 +185,7 @@ def compare(live, sim: RunResult, config: EngineConfig, cost: CostModel,
         cost: the profile's cost model.
         sim_steps: the simulator replaying the live step times (None: not run; its columns
             are NaN).
-        step_cost: the :class:`~prefixshield.validate.steptimes.RecordedStepTimes` that
+        step_cost: the `RecordedStepTimes` that
             ``sim_steps`` ran with (for the step alignment).
         cost_source: where ``cost`` came from (profile name and provenance, or the
             calibration just made), recorded in the report.
@@ -326,8 +326,8 @@ def compare_with_sim(live, trace: Trace, cost: CostModel, policy_args: dict | No
     submission times as ``not_before`` when serialized) and build the report.
 
     With ``replay_steps`` (and steps recorded live) the trace is simulated a second time with
-    the live step times as the cost model (:class:`~prefixshield.validate.steptimes.
-    RecordedStepTimes`), which isolates the scheduler and queueing model from the profile.
+    the live step times as the cost model (`RecordedStepTimes`),
+    which isolates the scheduler and queueing model from the profile.
     """
     from prefixshield.validate.steptimes import RecordedStepTimes
 
@@ -520,8 +520,8 @@ def write_report(report: ComparisonReport, out_dir: str | Path,
 
 
 def calibrate_engine(engine, grid=None, progress=None):
-    """Measure a cost model on ``engine`` (a :class:`~prefixshield.live.engine.LiveEngine`)
-    now, with :meth:`~prefixshield.calibrate.measure.CalibrationGrid.for_validation` unless
+    """Measure a cost model on ``engine`` (a [`LiveEngine`][prefixshield.live.engine.LiveEngine])
+    now, with `for_validation` unless
     ``grid`` is given; returns ``(fit, measurement, source)`` where ``source`` describes it for
     a report's ``cost_source``."""
     from prefixshield.calibrate.fit import fit_cost_model
@@ -550,10 +550,10 @@ def validate(trace: Trace, policy_name: str, model_dir: str, num_blocks: int,
     ``out_dir`` if given.
 
     Args:
-        engine: reuse this :class:`~prefixshield.live.engine.LiveEngine` (its own engine
+        engine: reuse this [`LiveEngine`][prefixshield.live.engine.LiveEngine] (its own engine
             settings, forced outputs included, then apply); None: start one and close it.
         calibrate: measure the cost model on the engine right before the replay
-            (:func:`calibrate_engine`) and simulate with it instead of ``cost``.
+            (`calibrate_engine`) and simulate with it instead of ``cost``.
         cost_source: where ``cost`` came from, recorded in the report.
         force_outputs: have the live model generate the simulator's output tokens.
     """

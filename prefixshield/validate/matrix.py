@@ -1,14 +1,14 @@
 """The validation matrix: ``validate`` over a grid of workloads x policies x modes, one table.
 
-A cell is one :class:`ValidationCell` (workload and its CPU-sized overrides, policy, serialized
-or timed arrivals, engine size); :func:`run_cell` is what ``prefixshield validate`` runs for
-one, and :func:`run_matrix` runs many on one live engine (the engine settings are the matrix's,
+A cell is one `ValidationCell` (workload and its CPU-sized overrides, policy, serialized
+or timed arrivals, engine size); `run_cell` is what ``prefixshield validate`` runs for
+one, and `run_matrix` runs many on one live engine (the engine settings are the matrix's,
 so start-up is paid once), writing each cell's full report under ``OUT/cells/<label>/`` and the
 summary ``OUT/matrix.{md,csv,json}`` with the machine and versions it came from. A cell whose
 report exists is not rerun (an interrupted matrix resumes); the summary is rebuilt from the
 cells' JSON reports.
 
-:data:`DEFAULT_CELLS` is the matrix ``prefixshield validate-matrix`` runs by default: one_touch,
+`DEFAULT_CELLS` is the matrix ``prefixshield validate-matrix`` runs by default: one_touch,
 two_pass_replay, low_and_slow and sharegpt, each x lru, prefixshield x serialized, timed, on 64
 blocks of 32 tokens. The workload sizes (prefix tokens, durations, rates) are set so that a
 whole cell runs in well under a minute on two CPU cores with the tiny model; they are sizes for
@@ -48,7 +48,7 @@ class ValidationCell:
             include the null block; tokens per block; scheduler limits).
         dtype: the model dtype vLLM runs (float32 for the tiny CPU model; bfloat16 on a GPU).
         scheduler: the scheduling policy and per-tenant limits, live and simulated (see
-            :mod:`prefixshield.live.scheduling` for how the live engine runs them).
+            `prefixshield.live.scheduling` for how the live engine runs them).
     """
 
     workload: str
@@ -96,11 +96,11 @@ MATRIX_POLICIES = ("lru", "prefixshield")
 def default_cells(workloads=None, policies=MATRIX_POLICIES, modes=("serialized", "timed"),
                   seed: int = 0, extra: tuple[str, ...] = (), alpha: float = 0.6,
                   **engine: Any) -> list[ValidationCell]:
-    """The matrix over ``workloads`` (names of :data:`MATRIX_WORKLOADS`; None: all) x
+    """The matrix over ``workloads`` (names of `MATRIX_WORKLOADS`; None: all) x
     ``policies`` x ``modes``; ``extra`` ``KEY=VALUE`` overrides go after each workload's own
     (the last of a key wins); a generated workload's rate is ``alpha`` x ``C_prefill`` of the
     profile the cell runs with (the calibrated one with ``--calibrate``); ``engine`` sets
-    :class:`ValidationCell` engine fields (``num_blocks``, ``block_size``, ``max_num_seqs``,
+    `ValidationCell` engine fields (``num_blocks``, ``block_size``, ``max_num_seqs``,
     ``max_num_batched_tokens``, ``dtype``)."""
     names = list(MATRIX_WORKLOADS) if workloads is None else list(workloads)
     for w in names:
@@ -159,7 +159,7 @@ def _policy(spec: str) -> tuple[str, dict]:
 
 
 def start_engine(cell: ValidationCell, model_dir: str | Path, force_outputs: bool = True):
-    """A :class:`~prefixshield.live.engine.LiveEngine` with ``cell``'s engine settings."""
+    """A [`LiveEngine`][prefixshield.live.engine.LiveEngine] with ``cell``'s engine settings."""
     from prefixshield.live.engine import LiveEngine, LiveEngineConfig
 
     return LiveEngine(LiveEngineConfig(model_dir=str(model_dir), num_blocks=cell.num_blocks,
@@ -186,7 +186,7 @@ def run_cell(cell: ValidationCell, out_dir: str | Path, profile: str | None = No
              force_outputs: bool = True, check_invariants: bool = False, console=None,
              engine=None):
     """Run one cell: trace, (calibration,) live replay, both simulations, report in
-    ``out_dir``; returns the :class:`~prefixshield.validate.compare.ComparisonReport`.
+    ``out_dir``; returns the [`ComparisonReport`][prefixshield.validate.compare.ComparisonReport].
 
     Args:
         cell: what to run.
@@ -419,7 +419,7 @@ def _check_same_cell(path: Path, data: dict, cell: ValidationCell, profile, cali
 
 @dataclass
 class MatrixResult:
-    """What :func:`run_matrix` wrote: the summary rows and the paths of its files."""
+    """What `run_matrix` wrote: the summary rows and the paths of its files."""
 
     rows: list[dict]
     paths: list[Path] = field(default_factory=list)

@@ -1,12 +1,12 @@
 """Step-time replay: separate the simulator's scheduler/queueing error from its cost-model error.
 
-The live replay records every engine step it ran (:class:`~prefixshield.live.engine.
-StepRecorder`: the step's charged wall seconds and its cost-model features). Replaying the trace
-in the simulator with :class:`RecordedStepTimes` as its cost model gives the k-th simulated step
+The live replay records every engine step it ran (`StepRecorder`:
+the step's charged wall seconds and its cost-model features). Replaying the trace
+in the simulator with `RecordedStepTimes` as its cost model gives the k-th simulated step
 the k-th live step's seconds, so whatever TTFT difference remains comes from the scheduler and
 queueing model (or from the two runs scheduling different batches, which
-:meth:`RecordedStepTimes.comparison` counts), not from the profile. :func:`profile_residuals`
-measures the profile against the live steps directly, and :func:`fit_live_steps` fits the cost
+`RecordedStepTimes.comparison` counts), not from the profile. `profile_residuals`
+measures the profile against the live steps directly, and `fit_live_steps` fits the cost
 model to them, so a report can say which term is off and by how much.
 """
 
@@ -20,7 +20,7 @@ import pandas as pd
 from prefixshield.simulator.costmodel import CostModel
 
 FEATURES = ("prefill_tokens", "decode_seqs", "context_tokens", "new_requests")
-"""The cost model's features, in :meth:`CostModel.step_time` argument order."""
+"""The cost model's features, in `CostModel.step_time` argument order."""
 
 TERMS = (("a_s", "per step"), ("b_s_per_prefill_token", "per prefill token"),
          ("c_s_per_decode_seq", "per decoding sequence"),
@@ -32,13 +32,13 @@ TERMS = (("a_s", "per step"), ("b_s_per_prefill_token", "per prefill token"),
 class RecordedStepTimes:
     """A cost model that prices the k-th step asked for with the k-th recorded live step.
 
-    Duck-typed like :class:`~prefixshield.simulator.costmodel.CostModel` for the simulator's
+    Duck-typed like [`CostModel`][prefixshield.simulator.costmodel.CostModel] for the simulator's
     step-by-step engine (``Engine(..., batched=False, coalesce_decode=False)``: one
-    :meth:`step_time` call per step, in order). Steps beyond the recording are priced by
-    ``fallback``. Every call's features are kept for :meth:`comparison`.
+    `step_time` call per step, in order). Steps beyond the recording are priced by
+    ``fallback``. Every call's features are kept for `comparison`.
 
     Args:
-        steps: the live steps (:data:`~prefixshield.live.engine.STEP_COLUMNS`), in order.
+        steps: the live steps ([`STEP_COLUMNS`][prefixshield.live.engine.STEP_COLUMNS]), in order.
         fallback: the cost model for steps the recording does not have.
     """
 

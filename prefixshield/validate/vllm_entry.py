@@ -3,7 +3,7 @@
 vLLM imports the entry-point module in every engine process of every environment where
 prefixshield is installed, policy or not. Importing the plugin itself pulls in numba (the policy
 kernels), whose llvmlite breaks vLLM 0.32's CPU worker start-up (see
-:mod:`prefixshield.live.vllm_workarounds`); so this module imports nothing heavy, and the
+`prefixshield.live.vllm_workarounds`); so this module imports nothing heavy, and the
 plugin is imported, with the work-around applied, only when ``PREFIXSHIELD_POLICY`` asks for it.
 """
 

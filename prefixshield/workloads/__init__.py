@@ -1,15 +1,15 @@
-"""Synthetic workloads, one module each, registered in :data:`WORKLOADS`.
+"""Synthetic workloads, one module each, registered in `WORKLOADS`.
 
-- :mod:`.base`: ``WorkloadParams`` / ``PrefixParams`` and the building blocks of a trace.
-- :mod:`.outputs`: output-length distributions from data (Azure conv, ShareGPT) or a range.
-- :mod:`.attack`: the victim-plus-attacker setup and the creation-pressure knob.
+- `base`: ``WorkloadParams`` / ``PrefixParams`` and the building blocks of a trace.
+- `outputs`: output-length distributions from data (Azure conv, ShareGPT) or a range.
+- `attack`: the victim-plus-attacker setup and the creation-pressure knob.
 - one module per workload: ``one_touch``, ``low_and_slow``, ``two_pass_replay``,
   ``delayed_replay``, ``sharegpt`` (and ``bursty_sharegpt``), ``borrowing``, and
   ``searched_attack`` (the attacker as a parameter space, for ``prefixshield attack-search``),
   ``servegen`` (tenants that are real clients of a production model).
 
 Each workload is listed once, in ``registry.WORKLOAD_MODULES``; its module is imported the first
-time the workload is looked up in :data:`WORKLOADS` or a name of it is taken from this package.
+time the workload is looked up in `WORKLOADS` or a name of it is taken from this package.
 
 Every params docstring says where each default comes from: the reference setup or
 data. ``prefixshield.experiments.single.build_trace`` sizes the load from the workload's own
@@ -43,7 +43,7 @@ _LAZY = {"AttackParams": "attack", "PrefixParams": "base", "WorkloadParams": "ba
 
 
 def __getattr__(name: str) -> Any:
-    """The params classes and generators of :data:`_LAZY`, imported when first asked for."""
+    """The params classes and generators of `_LAZY`, imported when first asked for."""
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)

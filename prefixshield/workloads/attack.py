@@ -12,7 +12,7 @@ Timeline::
                                     (relative to measure_start_s; default: the whole phase)
 
 The base load ``base_rate = alpha x C_prefill`` is the whole trace's: who sends it is the
-population (:mod:`prefixshield.workloads.population`; ``two_group``: the victim alone).
+population (`prefixshield.workloads.population`; ``two_group``: the victim alone).
 
 Defaults and where they come from ("the reference setup" is the reference study's stated setup):
 
@@ -23,7 +23,7 @@ Defaults and where they come from ("the reference setup" is the reference study'
   prefixes = 384 of 511 blocks = 75.1% at 512 blocks; 8/16/32 at 1,024/2,048/4,096, the
   capacity sweep's "hot set ≈ 76.6% of usable").
 * Suffixes of 1-22 tokens and outputs of ``azure_conv`` lengths clipped at 8 tokens (see
-  :mod:`prefixshield.workloads.outputs`): not stated by the reference; fitted to its no-attack
+  `prefixshield.workloads.outputs`): not stated by the reference; fitted to its no-attack
   LRU hit ratios and to the request rate LRU sustained at 60% load (``PrefixParams``,
   docs/fidelity.md). Every request decodes its output and keeps its blocks pinned while it
   does.
@@ -86,8 +86,8 @@ class AttackParams(PrefixParams):
         victim_group, victim_contract, attacker_group, attacker_contract: names in the trace.
         contracts: contract table used to size attacks (None: ``DEFAULT_CONTRACTS``).
         population: whose arrivals make up the base load, one of
-            :data:`~prefixshield.workloads.population.POPULATIONS` (see
-            :mod:`prefixshield.workloads.population`): ``background`` (default) or
+            `POPULATIONS` (see
+            `prefixshield.workloads.population`): ``background`` (default) or
             ``two_group``; it fills every field below left at None, and each workload's own
             reading-dependent defaults (``POPULATION_DEFAULTS``).
         background_groups: benign background groups sending the base load the victim does not
@@ -244,7 +244,7 @@ def population_defaults(base: Mapping[str, Mapping[str, Any]],
 
 def victim_and_window(p: AttackParams, rows: RequestRows) -> tuple[dict, float, float]:
     """Add the victim's warm-up and measured stream, and the background groups' measured
-    streams (:mod:`~prefixshield.workloads.population`); return the victim's meta and the
+    streams (`population`); return the victim's meta and the
     pressure window."""
     check_population(p)
     victim = add_cyclic_stream(rows, p, stream=STREAM_VICTIM, group_index=GI_VICTIM,
@@ -287,7 +287,7 @@ def attack_meta(name: str, p: AttackParams, victim: dict[str, float], attacker_r
 
 def finish_attack(rows: RequestRows, p: AttackParams, meta: dict) -> Trace:
     """The attack trace of ``rows`` (the attacker dropped in a control), its tenants in the
-    population's order when it has background groups (:func:`canonical_tenants`)."""
+    population's order when it has background groups (`canonical_tenants`)."""
     trace = rows.finish(p.seed, p.vocab_size, meta, drop_role=drop_role(p))
     if p.background_groups:
         trace.meta = canonical_tenants(trace.meta, p)
@@ -300,7 +300,7 @@ def drop_role(p: AttackParams) -> str | None:
 
 
 GEN_WINDOW_S = 600.0
-"""Seconds of the measured phase one generated window covers (:func:`fresh_prefix_windows`):
+"""Seconds of the measured phase one generated window covers (`fresh_prefix_windows`):
 a trace whose measured phase is at most this long is drawn whole, as it always was (every
 pinned digest); a longer one is drawn a window at a time, in memory or streamed, the same
 rows either way."""
@@ -308,12 +308,12 @@ rows either way."""
 
 def window_rng(seed: int, stream: int, k: int) -> np.random.Generator:
     """The generator of one role's stream in window ``k``: the role's own stream for window
-    0 (:func:`rng_for`), ``default_rng([seed, stream, k])`` after it."""
+    0 (`rng_for`), ``default_rng([seed, stream, k])`` after it."""
     return rng_for(seed, stream) if k == 0 else np.random.default_rng([int(seed), stream, k])
 
 
 def _periodic_count(rate: float, w0: float, w1: float, x: float) -> int:
-    """How many times of :func:`periodic_times` ``(rate, w0, w1)`` (``w0 + j / rate``, the
+    """How many times of `periodic_times` ``(rate, w0, w1)`` (``w0 + j / rate``, the
     same float operations) are below ``x``: an estimate, then the exact times around it."""
     n = max(0, math.ceil((w1 - w0) * rate - 1e-9))
     j = min(n, max(0, math.floor((min(x, w1) - w0) * rate) - 2))
@@ -323,14 +323,14 @@ def _periodic_count(rate: float, w0: float, w1: float, x: float) -> int:
 
 
 def _periodic_slice(rate: float, w0: float, w1: float, a: float, b: float) -> np.ndarray:
-    """The ordinals ``j`` of :func:`periodic_times` ``(rate, w0, w1)`` whose time is in
+    """The ordinals ``j`` of `periodic_times` ``(rate, w0, w1)`` whose time is in
     ``[a, b)``, without drawing the others."""
     return np.arange(_periodic_count(rate, w0, w1, a), _periodic_count(rate, w0, w1, b),
                      dtype=np.int64)
 
 
 class _Window(NamedTuple):
-    """What :func:`fresh_prefix_windows` draws and keeps from window to window."""
+    """What `fresh_prefix_windows` draws and keeps from window to window."""
 
     rows: int               # rows numbered so far (request ids, before a control drops any)
     victim_rows: int        # victim rows so far (its suffix segments)
@@ -339,14 +339,14 @@ class _Window(NamedTuple):
 
 
 def fresh_prefix_windows(name: str, p: AttackParams) -> tuple[dict, Iterator[Trace]]:
-    """:func:`fresh_prefix_attack` (unaimed) a window of :data:`GEN_WINDOW_S` seconds of the
+    """`fresh_prefix_attack` (unaimed) a window of `GEN_WINDOW_S` seconds of the
     measured phase at a time: the meta of the whole trace (``measured_requests`` None: not
     known before the last window) and an iterator of validated window traces, rows in arrival
     order, request ids going on from window to window.
 
     Window ``k`` covers ``[start + k W, start + (k + 1) W)`` of the measured phase (window 0
     also the warm-up). The victim's Poisson arrivals, suffixes and outputs there are drawn from
-    :func:`window_rng` ``(seed, STREAM_VICTIM, k)``, its hot prefixes cycling on from the
+    `window_rng` ``(seed, STREAM_VICTIM, k)``, its hot prefixes cycling on from the
     previous window; the attacker's times are those of the whole trace (periodic: the same
     floats), its suffixes and outputs drawn from ``window_rng(seed, STREAM_ATTACKER, k)``,
     prefix ids its ordinals. Poisson arrivals restarted at a window's start are the same
@@ -423,7 +423,7 @@ def fresh_prefix_windows(name: str, p: AttackParams) -> tuple[dict, Iterator[Tra
 
 class Aim(NamedTuple):
     """What an attacker aiming through a fleet's router changes of its requests (see
-    :mod:`prefixshield.workloads.one_touch`); every field at its default leaves the request as
+    `prefixshield.workloads.one_touch`); every field at its default leaves the request as
     the unaimed attacker sends it.
 
     Attributes:
@@ -445,16 +445,16 @@ def fresh_prefix_attack(name: str, p: AttackParams, aim=None) -> Trace:
     """The victim stream plus an attacker sending a never-seen prefix and suffix every
     ``1 / attacker_request_rate()`` seconds through the pressure window.
 
-    ``aim`` (None: unaimed) maps the number of attacker requests to an :class:`Aim`: the ids
+    ``aim`` (None: unaimed) maps the number of attacker requests to an `Aim`: the ids
     an attacker chooses to steer a router by its session key, or a lead put before every
     prompt to steer one by content. The attacker's own content stays fresh either way and the
     suffix and output lengths are drawn in the same order, so an aimed trace differs from the
     unaimed one only in its attacker's prefix ids and token ids (``ids``) or in its attacker's
     leading segment (a lead).
 
-    An unaimed trace whose measured phase is longer than :data:`GEN_WINDOW_S` is the
-    concatenation of :func:`fresh_prefix_windows` (the rows a streamed run of it reads); each
-    role's stream may still hold at most :data:`~prefixshield.edges.MAX_REQUESTS` requests
+    An unaimed trace whose measured phase is longer than `GEN_WINDOW_S` is the
+    concatenation of `fresh_prefix_windows` (the rows a streamed run of it reads); each
+    role's stream may still hold at most `MAX_REQUESTS` requests
     in memory."""
     if aim is None and p.duration_s > GEN_WINDOW_S:
         check_population(p)
@@ -489,14 +489,14 @@ def fresh_prefix_attack(name: str, p: AttackParams, aim=None) -> Trace:
 
 
 STREAMED_WORKLOADS = ("one_touch", "low_and_slow")
-"""The workloads whose generator draws windows of time (:func:`fresh_prefix_windows`): a
+"""The workloads whose generator draws windows of time (`fresh_prefix_windows`): a
 streamed run reads them a window at a time (unaimed ``one_touch``)."""
 
 
 def stream_attack(name: str, p: AttackParams) -> TraceStream:
-    """Workload ``name`` (one of :data:`STREAMED_WORKLOADS`) with params ``p`` as a
-    :class:`~prefixshield.traces.stream.TraceStream` of windows: the rows
-    :func:`fresh_prefix_attack` builds, one window in memory at a time.
+    """Workload ``name`` (one of `STREAMED_WORKLOADS`) with params ``p`` as a
+    `TraceStream` of windows: the rows
+    `fresh_prefix_attack` builds, one window in memory at a time.
 
     Raises:
         ValueError: the workload draws its whole trace at once (or ``one_touch`` is aimed:

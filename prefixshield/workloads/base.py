@@ -1,7 +1,7 @@
 """What every synthetic workload shares: its base params and the building blocks of a trace.
 
 Every generator is a pure function of one frozen params dataclass and returns a validated
-:class:`~prefixshield.traces.schema.Trace`. Randomness comes only from
+[`Trace`][prefixshield.traces.schema.Trace]. Randomness comes only from
 ``numpy.random.default_rng([seed, stream])`` with one fixed stream per role of the workload
 (victim, attacker, neutral/benign, ...), never from a global RNG or the wall clock; so the same
 params give a bit-identical trace, and switching a role off leaves every other row unchanged.
@@ -118,8 +118,8 @@ class PrefixParams(WorkloadParams):
             hit ratios without attack, 99.19% (low_and_slow, two_pass_replay) and 99.33%
             (borrowing): a hit covers the prefix only, so the suffix sets how far below 100%
             a fully cached victim stays (docs/fidelity.md).
-        warmup_gap_s: spacing of the warm-up requests in seconds (None: :meth:`warmup_gap`).
-        output_dist: output-length distribution (see :mod:`prefixshield.workloads.outputs`):
+        warmup_gap_s: spacing of the warm-up requests in seconds (None: `warmup_gap`).
+        output_dist: output-length distribution (see `prefixshield.workloads.outputs`):
             ``azure_conv`` (default: a production chat service's output lengths, mean 211
             tokens) or ``sharegpt``. Requests decode real outputs; one output token is an
             option, never a default.
@@ -248,7 +248,7 @@ def periodic_times(rate: float, start: float, end: float, limit: int | None = No
 def prefix_suffix_prompts(prefix_seg: np.ndarray, prefix_tokens: int, suffix_seg: np.ndarray,
                           suffix_len: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Segment ids and lengths (tokens) of ``[prefix, suffix]`` prompts: two ``(n, 2)`` int64
-    arrays, row ``i`` = request ``i`` (the 2-D form :meth:`RequestRows.add` takes whole)."""
+    arrays, row ``i`` = request ``i`` (the 2-D form `RequestRows.add` takes whole)."""
     suffix_len = np.asarray(suffix_len, dtype=np.int64)
     ids = np.stack([np.asarray(prefix_seg, dtype=np.int64),
                     np.asarray(suffix_seg, dtype=np.int64)], axis=1)
@@ -277,7 +277,7 @@ def add_cyclic_stream(rows: RequestRows, p: PrefixParams, *, stream: int, group_
     """Warm-up (each prefix once, ``warmup_gap`` s apart, unmeasured), then Poisson(``rate``;
     None: base_rate) requests cycling over the prefixes (prefix_id = prefix index), each with a
     unique suffix (after the prefix's template of ``template_tokens``, see
-    :func:`with_template`). Returns the measured window and request counts."""
+    `with_template`). Returns the measured window and request counts."""
     rng = rng_for(p.seed, stream)
     check_count(num_prefixes, MAX_REQUESTS, f"{role} prefixes (one warm-up request each)")
     warm_t = np.arange(num_prefixes) * warmup_gap

@@ -63,7 +63,7 @@ class BorrowingParams(PrefixParams):
 def borrowing(params: BorrowingParams | None = None) -> Trace:
     """Borrowing: an active group cycling a working set above half the cache, one idle group.
 
-    See :class:`BorrowingParams`. The active group has role ``benign``.
+    See `BorrowingParams`. The active group has role ``benign``.
     """
     p = params or BorrowingParams()
     rows = RequestRows()

@@ -224,7 +224,7 @@ def _phased(p: DelayedReplayParams) -> Trace:
 
     Warm-up (each hot prefix once, unmeasured); from its end the victim goes on at
     ``victim_phase_rate`` (None: its rate in the population; unmeasured) and the background
-    groups at theirs; the attacker admits, waits and replays (:func:`_attacker`); the neutral
+    groups at theirs; the attacker admits, waits and replays (`_attacker`); the neutral
     group sends for ``neutral_duration_s``; then the victim's pass: each hot prefix once,
     ``measured_passes`` times, ``pass_gap_s`` apart (None: the victim's mean gap), the first
     ``pass_gap_s`` after the neutral phase ends. Only the pass is measured; the background

@@ -26,7 +26,7 @@ class LowAndSlowParams(AttackParams):
         duration_s: the measured phase and attack window (None: the population's; 42 s under
             both). 42 s was fitted to the reference's creation-pressure sweep when it ran on
             low_and_slow (two-group reading); that sweep now runs on one_touch
-            (:data:`~prefixshield.workloads.one_touch.PRESSURE_SWEEP_DURATION_S`), and this
+            (`PRESSURE_SWEEP_DURATION_S`), and this
             window is kept, not refitted.
     """
 

@@ -45,7 +45,7 @@ router, keyed by prefix, sends to the replicas serving the victim's hot prefixes
 
 PREFIX_AIM_MATCH_RATIO = 0.1
 """The match ratio the default lead is sized for: Ray's ``PrefixCacheAffinityRouter``
-default, which is :class:`~prefixshield.fleet.routers.base.RouterConfig`'s too (tested)."""
+default, which is `RouterConfig`'s too (tested)."""
 
 MAX_AIM_REPLICAS = 1024
 """Largest fleet an aim may assume (the fleet's own limit)."""
@@ -61,13 +61,13 @@ measured at ratios 2.14 and 4.23 (docs/fidelity.md, ``docs/fit_workloads.py``)."
 
 PRESSURE_SWEEP = ((0.5, 0.5177), (1.0, 0.9185), (2.0, 2.0712), (4.0, 4.0935))
 """(nominal point, designed ``pressure_ratio``) of the sweep: the designed pressure whose
-measured ratio over :data:`PRESSURE_SWEEP_DURATION_S` under LRU is the reference's measured
+measured ratio over `PRESSURE_SWEEP_DURATION_S` under LRU is the reference's measured
 0.54 / 1.02 / 2.14 / 4.23."""
 
 
 @dataclass(frozen=True)
 class OneTouchParams(AttackParams):
-    """``one_touch``: every default as in :class:`~prefixshield.workloads.attack.AttackParams`;
+    """``one_touch``: every default as in `AttackParams`;
     the attacker rate is the reference's ``min(0.75 C_prefill, 1.15 base_rate)`` unless
     ``pressure_ratio`` or ``attacker_rate`` is given.
 
@@ -79,7 +79,7 @@ class OneTouchParams(AttackParams):
             10 seeds at the 512-block C_prefill; the 512-block LRU P95 TTFT is then 1,653 ms
             against the reference's 1,440), 17 s under ``two_group`` (5.72; P95 3,896 ms:
             docs/fidelity.md).
-        aim: one of :data:`AIMS`. ``session`` models an attacker that knows the fleet's
+        aim: one of `AIMS`. ``session`` models an attacker that knows the fleet's
             ``session`` ring (the endpoint list and the hash, as a client of the production
             stack's router can learn them) and which replicas serve the victim (the victim's
             hot prefix ids, e.g. learned by timing probes: a strong attacker). Its requests
@@ -89,7 +89,7 @@ class OneTouchParams(AttackParams):
             only the default, 8).
         aim_blocks: ``prefix``: the victim's leading blocks before each attacker prompt
             (1..the victim's prefix blocks; None: the fewest with which every attacker prompt
-            reaches :data:`PREFIX_AIM_MATCH_RATIO`, see :meth:`lead_blocks`).
+            reaches `PREFIX_AIM_MATCH_RATIO`, see `lead_blocks`).
     """
 
     POPULATION_DEFAULTS = population_defaults(
@@ -106,7 +106,7 @@ class OneTouchParams(AttackParams):
         check_aim(self)
 
     def lead_blocks(self) -> int:
-        """``aim=prefix``'s lead in blocks: ``aim_blocks``, else :func:`fewest_lead_blocks`
+        """``aim=prefix``'s lead in blocks: ``aim_blocks``, else `fewest_lead_blocks`
         for one_touch's attacker prompt (``prefix_tokens`` + the longest suffix)."""
         return lead_blocks_for(self, self.prefix_tokens)
 
@@ -122,7 +122,7 @@ def fewest_lead_blocks(after: int, ratio: float = PREFIX_AIM_MATCH_RATIO) -> int
 
 
 def lead_blocks_for(p, attacker_prefix_tokens: int) -> int:
-    """``p.aim_blocks``, else :func:`fewest_lead_blocks` for the longest attacker prompt of
+    """``p.aim_blocks``, else `fewest_lead_blocks` for the longest attacker prompt of
     ``p`` (its ``attacker_prefix_tokens``-token prefix and longest suffix), in blocks."""
     if p.aim_blocks is not None:
         return p.aim_blocks
@@ -134,7 +134,7 @@ def check_aim(p) -> None:
     """Validate the aim fields of ``p`` (``aim``, ``aim_replicas``, ``aim_blocks``; any attack
     params with them and a ``lead_blocks()``); raises ValueError naming the field. A field the
     aim does not read is refused: ``aim_blocks`` unless ``aim=prefix``, ``aim_replicas`` other
-    than its default :data:`DEFAULT_AIM_REPLICAS` unless ``aim=session`` (the default is what
+    than its default `DEFAULT_AIM_REPLICAS` unless ``aim=session`` (the default is what
     every trace's meta records). ``aim=prefix`` needs a victim prefix of one block or more."""
     check(p.aim in AIMS, f"aim must be one of {', '.join(AIMS)}, got {p.aim!r}")
     check(1 <= p.aim_replicas <= MAX_AIM_REPLICAS,
@@ -187,7 +187,7 @@ def session_aim(p, n: int) -> Aim:
 
 def prefix_aim(p, n: int) -> Aim:
     """The lead of ``n`` attacker requests: request k starts with the first
-    :meth:`~OneTouchParams.lead_blocks` blocks of the victim's hot prefix ``k mod H`` (its
+    `lead_blocks` blocks of the victim's hot prefix ``k mod H`` (its
     prefix segment, so the tokens equal the victim's), dealt over the hot set in turn.
     ``p``: attack params with the aim fields and a ``lead_blocks()``."""
     lead = p.lead_blocks()

@@ -17,7 +17,7 @@ the victim alone sends the base load. Two readings are kept:
 * ``two_group``: the victim sends the whole base load; no background group (the simulator's
   reading before the population existed; every trace of it is the trace it was).
 
-Each attack workload's params carry ``population`` (one of :data:`POPULATIONS`); the fields
+Each attack workload's params carry ``population`` (one of `POPULATIONS`); the fields
 whose default depends on the reading (``background_groups``, ``victim_share`` and each
 workload's own fitted values) default to None and are filled from the params class's
 ``POPULATION_DEFAULTS`` for that reading; a value given explicitly wins. The fitted values and

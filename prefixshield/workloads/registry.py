@@ -21,20 +21,20 @@ WORKLOAD_MODULES: dict[str, str] = {
     "two_pass_replay": "prefixshield.workloads.two_pass_replay",
 }
 """The one list of workloads: name -> the module whose generator registers itself under that name
-(:func:`register`). A module is imported the first time its workload is looked up, so a run of
+(`register`). A module is imported the first time its workload is looked up, so a run of
 one workload does not build the others' params dataclasses at start-up."""
 
 WORKLOADS = LazyRegistry("workload", WORKLOAD_MODULES, duplicate=RuntimeError,
                          group="prefixshield.workloads")
 """Workload name -> generator ``fn(params=None) -> Trace``; ``fn.params_type`` is its params
 dataclass. A read-only mapping: each workload module decorates its generator with
-:func:`register`, and is imported on the first look-up of its name. Other installed packages add
+`register`, and is imported on the first look-up of its name. Other installed packages add
 workloads in the entry-point group ``prefixshield.workloads`` (see
-:mod:`prefixshield.lazyregistry`)."""
+[`prefixshield.lazyregistry`][prefixshield.lazyregistry])."""
 
 
 def register(name: str, params_type: type) -> Callable[[Callable], Callable]:
-    """Decorator: add a generator to :data:`WORKLOADS` under ``name`` with ``params_type``."""
+    """Decorator: add a generator to `WORKLOADS` under ``name`` with ``params_type``."""
     def deco(fn: Callable) -> Callable:
         fn.params_type = params_type  # type: ignore[attr-defined]
         fn.workload_name = name  # type: ignore[attr-defined]

@@ -1,7 +1,7 @@
 """``searched_attack``: an attacker whose every choice is a parameter, under a fixed budget.
 
 The workload ``prefixshield attack-search`` optimizes over (its search space is
-:data:`prefixshield.experiments.attack_space.SPACE`; the fields below are its coordinates). The
+`prefixshield.experiments.attack_space.SPACE`; the fields below are its coordinates). The
 victim is exactly ``one_touch``'s (same hot set, warm-up, contracts, RNG stream): at a seed, the
 victim rows of every point, and of ``one_touch``'s own trace, are identical, and the no-attack
 control (``attack=False``) is one trace whatever the attack parameters are (the attacker stays
@@ -38,7 +38,7 @@ measures every trial's block-seconds after the run as well (see there).
 
 1. *When*: on/off cycles of ``cycle_s`` seconds, on for ``duty x cycle_s``, the first
    on-period starting ``phase x`` the off-time after the window starts (see
-   :func:`on_intervals`); inside on-time, periodic arrivals (``burst_cv=None``, one_touch's
+   `on_intervals`); inside on-time, periodic arrivals (``burst_cv=None``, one_touch's
    schedule) or Gamma gaps with coefficient of variation ``burst_cv``, normalized so exactly the
    budgeted count falls in the window. With probability ``victim_sync`` a request is moved to
    the victim's next arrival plus ``victim_lag x`` the victim's mean gap ``1 / base_rate``.
@@ -63,7 +63,7 @@ outputs and no victim sync (every default), the attacker rows are ``one_touch``'
 rate, bit for bit (a test holds this).
 
 **Aiming through a fleet's router** (``aim``, as ``one_touch``'s, see
-:mod:`prefixshield.workloads.one_touch`): ``session`` gives the k-th admitted prefix the k-th
+`prefixshield.workloads.one_touch`): ``session`` gives the k-th admitted prefix the k-th
 session id that the ``session`` ring sends to the victim's replicas (its reuses and replays
 keep it; the content stays the attacker's own); ``prefix`` puts ``lead_blocks()`` blocks of
 the victim's hot prefix ``k mod H`` before every prompt of the k-th admitted prefix. The lead
@@ -105,7 +105,7 @@ BUDGET_ALIASES = {"both": ("requests", "prompt_tokens")}
 
 
 def parse_budget_limits(text: str) -> tuple[str, ...]:
-    """``"requests+block_s"`` (or an alias) -> its units in :data:`BUDGET_UNITS` order.
+    """``"requests+block_s"`` (or an alias) -> its units in `BUDGET_UNITS` order.
     Raises ValueError naming the bad text (unknown or repeated unit, empty)."""
     if text in BUDGET_ALIASES:
         return BUDGET_ALIASES[text]
@@ -124,14 +124,14 @@ class SearchedAttackParams(AttackParams):
 
     Every default reproduces ``one_touch``'s attacker (reference setup) except where
     a default says otherwise; the bounds the search explores are in
-    :data:`prefixshield.experiments.attack_space.SPACE`.
+    `prefixshield.experiments.attack_space.SPACE`.
 
     Attributes:
         duration_s: one_touch's fitted attack window under the two-group population, 17 s.
         population: ``two_group`` only: the victim sends the whole base load, as when the
             search space was built (``victim_lag`` and ``victim_sync`` are in the victim's
             gaps; the search was not refitted to the background population).
-        budget_limits: which limits apply: units joined by ``+`` from :data:`BUDGET_UNITS`, or
+        budget_limits: which limits apply: units joined by ``+`` from `BUDGET_UNITS`, or
             ``both`` (default: ``requests+prompt_tokens``, a rate limiter of requests and
             input tokens per minute, as API providers apply; not from the reference).
         budget_requests: the request limit, requests/s (None: the one-touch flood rate).
@@ -277,7 +277,7 @@ class SearchedAttackParams(AttackParams):
         return (self.suffix_tokens[0] + self.suffix_tokens[1]) / 2
 
     def limits(self) -> dict[str, float]:
-        """The applied limits per second by unit (:data:`BUDGET_UNITS` order), defaults
+        """The applied limits per second by unit (`BUDGET_UNITS` order), defaults
         resolved (see the module doc)."""
         units = parse_budget_limits(self.budget_limits)
         ot_prompt = self.prefix_tokens + self.mean_suffix_tokens
@@ -303,7 +303,7 @@ class SearchedAttackParams(AttackParams):
     def request_costs(self) -> dict[str, float]:
         """Mean budget one attacker request of this point costs, by unit: 1 request, its
         prompt tokens, prompt + output tokens, and estimated block-seconds
-        (:meth:`estimated_block_s`)."""
+        (`estimated_block_s`)."""
         prompt = self.head_tokens + self.mean_suffix_tokens
         return {"requests": 1.0, "prompt_tokens": prompt,
                 "tokens": prompt + self._mean_output(self.attacker_output_tokens),
@@ -333,7 +333,7 @@ class SearchedAttackParams(AttackParams):
         return budget_request_rate(self.limits(), self.request_costs())
 
     def request_rate(self) -> float:
-        """Mean attacker requests/s over the window: ``intensity x`` :meth:`budget_rate`."""
+        """Mean attacker requests/s over the window: ``intensity x`` `budget_rate`."""
         return self.intensity * self.budget_rate()
 
     def attacker_blocks_per_request(self) -> float:
@@ -544,7 +544,7 @@ def searched_attack(params: SearchedAttackParams | None = None) -> Trace:
 
 def _designed_blocks(p: SearchedAttackParams, plan: dict, suffix_len: np.ndarray,
                      out: np.ndarray) -> float:
-    """Designed new blocks of the whole attacker schedule (see :func:`plan_prefixes`)."""
+    """Designed new blocks of the whole attacker schedule (see `plan_prefixes`)."""
     prompt = p.head_tokens + suffix_len[plan["prefix"]]
     blocks = (prompt + out - 1) // p.block_size
     blocks = np.where(plan["kind"] > 0, blocks - (prompt - 1) // p.block_size, blocks)

@@ -159,7 +159,7 @@ def _arrivals(rng: np.random.Generator, client: dict, start: float, end: float,
 
 @register("servegen", ServeGenParams)
 def servegen(params: ServeGenParams | None = None) -> Trace:
-    """Tenants that are ServeGen clients (see :class:`ServeGenParams` and the module docstring).
+    """Tenants that are ServeGen clients (see `ServeGenParams` and the module docstring).
 
     Arrival times are seconds from the trace start (day second ``start``); every tenant has
     role ``benign``; the first ``warmup_s`` seconds are unmeasured.

@@ -164,11 +164,11 @@ def _sharegpt(name: str, p: ShareGPTParams) -> Trace:
 
 @register("sharegpt", ShareGPTParams)
 def sharegpt(params: ShareGPTParams | None = None) -> Trace:
-    """Multi-turn ShareGPT conversations of several benign groups (see :class:`ShareGPTParams`)."""
+    """Multi-turn ShareGPT conversations of several benign groups (see `ShareGPTParams`)."""
     return _sharegpt("sharegpt", params or ShareGPTParams())
 
 
 @register("bursty_sharegpt", BurstyShareGPTParams)
 def bursty_sharegpt(params: BurstyShareGPTParams | None = None) -> Trace:
-    """:func:`sharegpt` with conversation starts from a Gamma renewal process (CV ``cv``, 4)."""
+    """`sharegpt` with conversation starts from a Gamma renewal process (CV ``cv``, 4)."""
     return _sharegpt("bursty_sharegpt", params or BurstyShareGPTParams())

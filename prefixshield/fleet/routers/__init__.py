@@ -1,2 +1,2 @@
-"""Routers: the registry (:data:`prefixshield.fleet.routers.base.ROUTERS`) and one module per
+"""Routers: the registry (`prefixshield.fleet.routers.base.ROUTERS`) and one module per
 router."""

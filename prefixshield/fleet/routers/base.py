@@ -1,10 +1,10 @@
 """The router interface, the registry and what a router may read of the replicas.
 
 A router is built once per fleet run and asked, at each arrival in trace order, which replica
-serves that request. Routers that read no replica state (:attr:`Router.reads_state` False) may
+serves that request. Routers that read no replica state (`Router.reads_state` False) may
 be asked for the whole trace before any replica runs: the fleet then splits the trace and runs
 the replicas independently. The others are asked in one event loop that advanced every replica
-up to the arrival (:mod:`prefixshield.fleet.lockstep`).
+up to the arrival (`prefixshield.fleet.lockstep`).
 """
 
 from __future__ import annotations
@@ -28,22 +28,22 @@ ROUTER_MODULES: dict[str, str] = {
 """Name -> module; a module is imported the first time its router is looked up."""
 
 ROUTERS = LazyRegistry("router", ROUTER_MODULES, group="prefixshield.routers")
-"""The registry: router name -> class (a :class:`Router` subclass). Other installed packages
+"""The registry: router name -> class (a `Router` subclass). Other installed packages
 add routers in the entry-point group ``prefixshield.routers``."""
 
 
 def register_router(cls):
-    """Class decorator: add ``cls`` to :data:`ROUTERS` under ``cls.name``."""
+    """Class decorator: add ``cls`` to `ROUTERS` under ``cls.name``."""
     ROUTERS.register(cls.name, cls)
     return cls
 
 
 @dataclass(frozen=True)
 class RouterConfig:
-    """A router and its options (validated at the CLI edge, see :mod:`prefixshield.edges`).
+    """A router and its options (validated at the CLI edge, see `prefixshield.edges`).
 
     Attributes:
-        name: a key of :data:`ROUTERS`.
+        name: a key of `ROUTERS`.
         imbalance: ``prefix_affinity``: the largest difference between the most and the least
             loaded replica's requests (waiting + running) under which prefix affinity decides;
             above it the least loaded replica is taken.
@@ -83,7 +83,7 @@ class RequestInfo:
     def prompt_hashes(self, row: int, content: bool = False) -> np.ndarray:
         """Hashes of the request's prompt blocks that a lookup may hit: the first
         ``(prompt - 1) // block_size`` (vLLM never hits the last prompt token); the engine's
-        (tenant-salted) ones, or with ``content`` the unsalted :attr:`content_hashes`."""
+        (tenant-salted) ones, or with ``content`` the unsalted `content_hashes`."""
         of = self.content_hashes if content else self.hashes
         return of(row)[:(int(self.prompt_tokens[row]) - 1) // self.block_size]
 
@@ -115,7 +115,7 @@ class Router(ABC):
         seed: the trace seed (routers that draw use it, nothing else).
 
     Subclasses set ``name``, ``reads_state`` and ``reproduces`` (one line: the production
-    router it follows) and implement :meth:`route`.
+    router it follows) and implement `route`.
     """
 
     name = ""

@@ -7,7 +7,7 @@ endpoints, keyed by the session-id header) and SGLang's / the vLLM router's
 traces, the conversation; in generated ones, the logical prefix a client keeps), ``group``
 hashes the tenant alone (the ``X-Tenant-ID`` fallback). Simplifications: no fallback to a
 load-based choice for requests without a key (every request has one here), and the ring has
-:data:`VIRTUAL_NODES` points per replica with a fixed 64-bit mix instead of ``uhashring``'s
+`VIRTUAL_NODES` points per replica with a fixed 64-bit mix instead of ``uhashring``'s
 MD5 ketama points (the same replica for a key whatever the executor; which replica differs
 from ``uhashring``'s).
 """
@@ -32,7 +32,7 @@ def _name_hash(name: str) -> int:
 
 def ring(num_replicas: int) -> tuple[np.ndarray, np.ndarray]:
     """The hash ring of ``num_replicas`` replicas: its points (sorted uint64) and the replica
-    owning each (int64), :data:`VIRTUAL_NODES` points per replica."""
+    owning each (int64), `VIRTUAL_NODES` points per replica."""
     points = sorted((mix64((r << 32) + v), r) for r in range(num_replicas)
                     for v in range(VIRTUAL_NODES))
     return (np.array([p for p, _ in points], dtype=np.uint64),
@@ -41,7 +41,7 @@ def ring(num_replicas: int) -> tuple[np.ndarray, np.ndarray]:
 
 def routing_key(group: str, prefix_id: int, session_key: str = "prefix") -> int:
     """The 64-bit key of a request of ``group`` with ``prefix_id`` under ``session_key``
-    (``prefix`` or ``group``, see :class:`~prefixshield.fleet.routers.base.RouterConfig`)."""
+    (``prefix`` or ``group``, see `RouterConfig`)."""
     g = _name_hash(group)
     if session_key == "group":
         return mix64(g)
@@ -77,7 +77,7 @@ class Session(Router):
         self._group_hash = [_name_hash(g) for g in requests.groups]
 
     def key(self, row: int) -> int:
-        """The request's 64-bit routing key (:func:`routing_key`)."""
+        """The request's 64-bit routing key (`routing_key`)."""
         g = self._group_hash[int(self.requests.group_id[row])]
         if self.config.session_key == "group":
             return mix64(g)

@@ -1,10 +1,10 @@
 """Open-addressing hash tables of int64 keys in numpy arrays, for numba kernels.
 
-``keys`` (int64, ``2**bits`` slots, empty slots hold :data:`EMPTY` = -1, so keys must be >= 0)
+``keys`` (int64, ``2**bits`` slots, empty slots hold `EMPTY` = -1, so keys must be >= 0)
 and ``vals`` (any integer dtype, same length) are plain arrays the caller allocates once;
 linear probing, Fibonacci hashing (``(k * 0x9E3779B97F4A7C15) >> (64 - bits)``) and
 backward-shift deletion (no tombstones, so probe chains never degrade). Sized by
-:func:`table_bits` for a load factor <= 1/2, every operation is O(1) expected and allocates
+`table_bits` for a load factor <= 1/2, every operation is O(1) expected and allocates
 nothing -- the point, against numba's typed Dict, on the key-stream replay's miss path.
 """
 

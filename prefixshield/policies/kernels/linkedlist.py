@@ -84,7 +84,7 @@ def move_to_tail_unchecked(prev, nxt, num_blocks, k, b):
     ``member`` and ``length`` are not read or written: they stay right (``b`` neither leaves
     nor joins ``k``). For hot loops that know ``b``'s list and test ``b != prev[tail]``
     themselves; a block in another list, in none, or already last corrupts the lists, unlike
-    :func:`move_to_tail_one`. NOTE: branch-free on purpose -- numba does not prune the array
+    `move_to_tail_one`. NOTE: branch-free on purpose -- numba does not prune the array
     reference counting of an inlined helper with its own control flow, which doubled the
     LRU key-stream replay's time per request when the tail test lived here."""
     tail = num_blocks + 2 * k + 1

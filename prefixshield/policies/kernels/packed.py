@@ -2,11 +2,11 @@
 
 numba unboxes every array argument of a call from Python (about 150 ns each on the development
 machine): a kernel with 30 state arrays pays ~4 µs before its first instruction, more than the
-work of selecting one victim. A :class:`Packed` keeps every array of a policy in one uint8
+work of selecting one victim. A `Packed` keeps every array of a policy in one uint8
 buffer, behind a header of ``(byte offset, element count)`` pairs (int64, one pair per field);
 the policy keeps numpy views of the fields for Python code, and a kernel rebuilds its arrays
-from the buffer with :func:`field` (an unmanaged array over the buffer's memory, built in place
-by the :func:`_view` intrinsic: no allocation, no reference counting, and usable in kernels
+from the buffer with `field` (an unmanaged array over the buffer's memory, built in place
+by the `_view` intrinsic: no allocation, no reference counting, and usable in kernels
 compiled with ``_nrt=False``), so it is called with the buffer alone. (A numba ``StructRef`` or
 jitclass holding the arrays measured slower than a few array arguments here: ~1.4-1.7 µs per
 call.)

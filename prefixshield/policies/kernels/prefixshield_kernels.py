@@ -2,10 +2,10 @@
 
 Every public event kernel here is one call per policy event (``on_materialize``, ``on_hit``,
 ``on_release``, ``on_acquire``, ``select_victims``) and takes the policy's whole state as one
-uint8 buffer (:class:`~prefixshield.policies.kernels.packed.Packed`, fields listed in
-:data:`FIELDS`; :func:`state` rebuilds the arrays from it without allocating), so a call from
+uint8 buffer (`Packed`, fields listed in
+`FIELDS`; `state` rebuilds the arrays from it without allocating), so a call from
 Python unboxes one array instead of thirty. The formulas live here once;
-:mod:`prefixshield.policies.prefixshield` only builds the buffer and calls these.
+`prefixshield.policies.prefixshield` only builds the buffer and calls these.
 
 State layout (indexed by block id ``b < N`` unless said otherwise; bounds of the narrow dtypes
 are enforced by the policy: ``G <= MAX_GROUPS``, ``C <= MAX_CONTRACTS``):
@@ -14,10 +14,10 @@ are enforced by the policy: ``G <= MAX_GROUPS``, ``C <= MAX_CONTRACTS``):
   ``contract[b]`` (int16), ``prefix[b]`` (int64): the request's contract and prefix_id;
   ``klass[b]`` (int8): retention class, PROBATIONARY=0 < NORMAL=1 < REUSE=2;
   ``cached[b]`` (bool): the policy believes b carries a hash; ``seq[b]`` (int32): native-order
-  stamp (larger = more recent release; see :func:`_next_seq` for its bound); ``hits[b]``
+  stamp (larger = more recent release; see `_next_seq` for its bound); ``hits[b]``
   (int32, saturating at 2**31 - 1; no decision reads it): reuse evidence.
 * Global lists (``gprev``/``gnxt`` int32 over ``N + 2·4`` nodes, ``gmember`` int8, ``glen``;
-  the layout of :class:`~prefixshield.policies.kernels.linkedlist.LinkedLists`): list k in 0..2
+  the layout of `LinkedLists`): list k in 0..2
   = free cached candidates of class k over all groups, in native free order (oldest at the
   head); list 3 = truly free blocks, in reuse order.
 * Group lists (``qprev``/``qnxt`` over ``N + 2·3G`` nodes, ``qlen``): list ``3·g + k`` = free
@@ -28,7 +28,7 @@ are enforced by the policy: ``G <= MAX_GROUPS``, ``C <= MAX_CONTRACTS``):
 * Buckets: ``bal[g, c]`` (blocks), ``t0[g, c]`` (s); contract arrays ``rho[c]`` (blocks/s),
   ``beta[c]`` (blocks), ``w[c] = rho[c] / min(rho)``; ``charged[g, c]`` and ``uncharged[g]``
   (decode blocks materialized without a charge, ``ctl[C_CHARGE_DECODE]`` off) count blocks.
-* Admission: a request's class is decided at its first materialization (:func:`_admit`) and
+* Admission: a request's class is decided at its first materialization (`_admit`) and
   kept by the caller (the policy per request id, the fused loop per request row), who passes
   it back with the request's later calls; ``ctl[C_PER_CALL]`` makes every call an admission.
 * Debtors: ``debtors[:ctl[C_NUM_DEBTORS]]`` (int32, ``dpos[g]`` its index or -1) holds every
@@ -37,7 +37,7 @@ are enforced by the policy: ``G <= MAX_GROUPS``, ``C <= MAX_CONTRACTS``):
   nothing at such a clock (a bucket with ``bal >= 0`` never goes negative by refilling, and a
   cleared one stays cleared as the clock advances), so selection computes ``P_g`` only for
   these; at an earlier clock (one that stepped back) it computes all groups, as before.
-  ``ub[g]`` (float64) bounds ``D̃_g`` at every clock (:func:`_debt_bound`, updated at each
+  ``ub[g]`` (float64) bounds ``D̃_g`` at every clock (`_debt_bound`, updated at each
   charge; a debtor whose bound drops to 0 leaves the list there). ``utree`` (float64, ``2·G``
   nodes) is a max tree over the bounds: leaf ``G + g`` holds ``ub[g]``, node ``i < G`` the
   larger of nodes ``2i`` and ``2i + 1`` (node 1 the root, node 0 unused). A selection of one
@@ -50,7 +50,7 @@ are enforced by the policy: ``G <= MAX_GROUPS``, ``C <= MAX_CONTRACTS``):
   (``hkey_g`` int16, ``hkey_p`` int64; LRU order in ``hprev``/``hnxt``, int32, sentinels H and
   H+1) indexed by an open-addressing table ``htab`` (int32, 0 = empty, else ``entry + 1`` in
   the low ``bits`` bits and the slot's displacement from its key's home above them, saturated
-  at ``2**(31 - bits) - 1`` (:func:`_h_slot_value`), so probes and deletions read an entry's
+  at ``2**(31 - bits) - 1`` (`_h_slot_value`), so probes and deletions read an entry's
   key only where its home is the probed key's or unknown; linear probing, backward-shift
   deletion; ``2**bits`` slots at load <= 3/4).
 * ``ctl`` (int64) / ``fctl`` (float64): sizes, flags and counters (the ``C_*`` / ``F_*``
@@ -95,7 +95,7 @@ this bound.)"""
 MAX_CONTRACTS = 32767
 """Contracts fit ``contract`` (int16)."""
 SEQ_LIMIT = 2**31 - 1
-"""``seq`` is int32: at this stamp the stamps are renumbered (:func:`_renumber_seq`)."""
+"""``seq`` is int32: at this stamp the stamps are renumbered (`_renumber_seq`)."""
 HITS_LIMIT = 2**31 - 1
 """``hits`` is int32 and saturates here."""
 
@@ -122,7 +122,7 @@ PREFIX_ROOT = 0
 PREFIX_DECLARED = 1
 PREFIX_TENANT = 2
 NO_CLASS = -1
-"""A request's admission class before its first materialization (see :func:`_materialize`)."""
+"""A request's admission class before its first materialization (see `_materialize`)."""
 # fctl (float64) indices
 F_EPSILON = 0
 F_PRUNE_CLOCK = 1    # latest clock at which a debtor was dropped (-inf: none yet)
@@ -140,13 +140,13 @@ State = namedtuple("State", [
 
 FIELDS = State._fields
 HISTORY_FIELDS = ("hkey_g", "hkey_p", "hprev", "hnxt", "htab")
-"""The last fields of the buffer: selection never reads them (:meth:`free_order` copies the
+"""The last fields of the buffer: selection never reads them (`free_order` copies the
 buffer up to them)."""
 
 
 def layout(N: int, G: int, C: int, H: int, hbits: int) -> list[tuple[str, type, tuple]]:
-    """``(name, dtype, shape)`` of every field, in :data:`FIELDS` order, for
-    :class:`~prefixshield.policies.kernels.packed.Packed`."""
+    """``(name, dtype, shape)`` of every field, in `FIELDS` order, for
+    `Packed`."""
     shapes = {
         "ctl": (np.int64, (NUM_CTL,)), "fctl": (np.float64, (NUM_FCTL,)),
         "owner": (np.int16, (N,)), "contract": (np.int16, (N,)), "prefix": (np.int64, (N,)),
@@ -186,7 +186,7 @@ def history_bytes(H: int) -> int:
 
 @njit(cache=True, inline="always")
 def state(st):
-    """The :class:`State` views of packed buffer ``st`` (no allocation)."""
+    """The `State` views of packed buffer ``st`` (no allocation)."""
     ctl = _field(st, 0, np.int64)
     G = ctl[C_G]
     C = ctl[C_C]
@@ -228,7 +228,7 @@ def _forget(s, b):
 def _renumber_seq(s):
     """Restamp every free candidate ``0, 1, ...`` in the order of its class list and continue
     at N. Stamps are only ever compared between blocks of one class list (the tie-break of
-    :func:`_better`, the invariant check), and every list is in stamp order, so every
+    `_better`, the invariant check), and every list is in stamp order, so every
     comparison keeps its answer; the next stamps (>= N) are above all of them."""
     N = s.ctl[C_N]
     for k in range(NUM_CLASSES):
@@ -243,7 +243,7 @@ def _renumber_seq(s):
 
 @njit(cache=True, inline="always")
 def _next_seq(s):
-    """The next native-order stamp (renumbering all at :data:`SEQ_LIMIT`, once per ~2**31
+    """The next native-order stamp (renumbering all at `SEQ_LIMIT`, once per ~2**31
     releases, so int32 stamps never wrap)."""
     if s.ctl[C_SEQ] >= SEQ_LIMIT:
         _renumber_seq(s)
@@ -323,7 +323,7 @@ def group_normalized_debt(bal, t0, rho, beta, w, g, t):
 def _debt_bound(bal, w, g):
     """``Σ_c max(0, −B_{g,c}) / w_c``: g's normalized debt with no refill, an upper bound of
     ``D̃_g(t)`` at every clock ``t`` (``B̂ >= min(beta, B)`` and ``beta >= 0``), also in floating
-    point: :func:`group_normalized_debt` adds, in the same order, terms no larger (rounding is
+    point: `group_normalized_debt` adds, in the same order, terms no larger (rounding is
     monotone). Kept in ``ub[g]`` and recomputed at every charge that can change it."""
     d = 0.0
     for c in range(bal.shape[1]):
@@ -420,7 +420,7 @@ def _h_find(s, g, pid):
 def _h_slot_of(s, e):
     """Table slot of entry ``e`` (in the set): its key's probe, comparing slot values' entry
     bits with ``e + 1`` instead of reading each probed entry's key (the key is in the table
-    once, so this is the slot :func:`_h_find` returns for it)."""
+    once, so this is the slot `_h_find` returns for it)."""
     mask = (1 << s.ctl[C_HBITS]) - 1
     i = _h_home(s, s.hkey_g[e], s.hkey_p[e])
     while (s.htab[i] & mask) != e + 1:
@@ -505,8 +505,8 @@ def _history_admit(s, g, pid):
 def prefix_key(source, declared, root):
     """The logical prefix of a request for the admission history and promotion eligibility:
     its root key (the content key of its first full block, int64 bits of the uint64 hash) for
-    :data:`PREFIX_ROOT`, the trace's declared ``prefix_id`` for :data:`PREFIX_DECLARED`, 0 (one
-    prefix per group) for :data:`PREFIX_TENANT`."""
+    `PREFIX_ROOT`, the trace's declared ``prefix_id`` for `PREFIX_DECLARED`, 0 (one
+    prefix per group) for `PREFIX_TENANT`."""
     if source == PREFIX_ROOT:
         return root
     if source == PREFIX_DECLARED:
@@ -517,7 +517,7 @@ def prefix_key(source, declared, root):
 @njit(cache=True, inline="always")
 def _charge(s, n, g, c, t):
     """Charge ``n > 0`` new blocks to bucket (g, c) at ``t``: the balance, the debtor list and
-    the debt bound (:func:`_meter`), and the blocks this policy charged."""
+    the debt bound (`_meter`), and the blocks this policy charged."""
     s.charged[g, c] += n
     _meter(s, n, g, c, t)
 
@@ -543,7 +543,7 @@ def _meter(s, n, g, c, t):
 @njit(cache=True)
 def remote_charge(st, n, g, c, t):
     """A fleet ledger's charge of ``n > 0`` blocks to bucket (g, c) made by another replica,
-    applied here at ``t`` seconds (:func:`_meter`); ``charged`` keeps counting this policy's
+    applied here at ``t`` seconds (`_meter`); ``charged`` keeps counting this policy's
     own charges only, so invariant I1 stays per replica."""
     _meter(state(st), n, g, c, t)
 
@@ -553,7 +553,7 @@ def _admit(s, n, g, c, pid, t, k_req):
     """Meter ``n`` blocks (>= 0) of a request of (g, c, pid) at ``t`` and return the class of
     its new blocks. ``k_req`` is the request's class if an earlier call already
     admitted it (kept: admission, its first-admission test and its class are the request's),
-    else :data:`NO_CLASS`: this call is the admission, tested against the history and the
+    else `NO_CLASS`: this call is the admission, tested against the history and the
     balance after the charge."""
     if n > 0:
         _charge(s, n, g, c, t)
@@ -584,7 +584,7 @@ def _label(s, b, g, c, pid, k):
 @njit(cache=True, inline="always")
 def _materialize(s, blocks, g, c, pid, t, k_req, num_decode):
     """Label ``blocks`` (new full blocks of one request, the last ``num_decode`` of them
-    decode blocks) after metering them (:func:`_admit`; decode blocks are charged only with
+    decode blocks) after metering them (`_admit`; decode blocks are charged only with
     ``ctl[C_CHARGE_DECODE]``). Returns ``(-1, class)``, or ``(i, NO_CLASS)`` without any change
     if ``blocks[i]`` is free or not a block id."""
     n = blocks.shape[0]
@@ -610,8 +610,8 @@ def _materialize(s, blocks, g, c, pid, t, k_req, num_decode):
 
 @njit(cache=True)
 def materialize(st, blocks, g, c, pid, t, k_req, num_decode):
-    """Meter and label one request's new full ``blocks`` at ``t`` (:func:`_materialize`:
-    ``k_req`` the request's class from an earlier call or :data:`NO_CLASS`, the last
+    """Meter and label one request's new full ``blocks`` at ``t`` (`_materialize`:
+    ``k_req`` the request's class from an earlier call or `NO_CLASS`, the last
     ``num_decode`` blocks decode blocks). Returns ``(D_g(t) after the charge in blocks, -1,
     class of the blocks)``, or ``(0.0, i, NO_CLASS)`` without any change if ``blocks[i]`` is
     free or not a block id (blocks must be in use)."""
@@ -828,7 +828,7 @@ def _better(s, a, b):
 
 @njit(cache=True, inline="always")
 def _better_in(P, qlen, qnxt, seq, N, a, b):
-    """:func:`_better` over the arrays it reads (for :func:`_sift_down`)."""
+    """`_better` over the arrays it reads (for `_sift_down`)."""
     if P[a] > P[b]:
         return True
     if P[a] < P[b]:
@@ -1017,7 +1017,7 @@ def select(st, n, t, requester, out, off):
 
 @njit(cache=True, _nrt=False)
 def select_at(st_addr, st_bytes, n, t, requester, out_addr, off):
-    """:func:`select` on the packed buffer of ``st_bytes`` bytes at address ``st_addr``, writing
+    """`select` on the packed buffer of ``st_bytes`` bytes at address ``st_addr``, writing
     into the int32 array at ``out_addr`` (the policy's fast path: scalar arguments only; the
     caller keeps both arrays alive and ``out`` at least ``off + n`` long). Compiled without
     numba's reference counting: it allocates nothing, and its arrays are unmanaged views."""
@@ -1032,7 +1032,7 @@ PREFETCH_AHEAD = 16
 
 @njit(cache=True, inline="always")
 def _first_candidate(s, g, t):
-    """The block :func:`_select` of one victim for requester ``g`` at ``t`` (the clock already
+    """The block `_select` of one victim for requester ``g`` at ``t`` (the clock already
     advanced to ``t``) takes when it ranks no group: no truly free block, a free candidate, and
     no group that can owe at ``t`` (responsibility off, or no debtor and ``t`` at or after the
     prune clock); then it is the first candidate globally (class, then native order). -1 where
@@ -1048,7 +1048,7 @@ def _first_candidate(s, g, t):
 
 @njit(cache=True, inline="always")
 def _miss_one(s, b, g, c, pid, t):
-    """A replay miss on the one block ``b`` that :func:`_first_candidate` gave: ``_select``'s
+    """A replay miss on the one block ``b`` that `_first_candidate` gave: ``_select``'s
     eviction of b (requester g), ``_materialize`` of b for (g, c, pid) at ``t`` and
     ``_release(cached)`` of b, fused, with the same end state: the fields ``_forget`` would clear
     and ``_materialize`` set again are written once, and the n-block loops and the checks that
@@ -1123,7 +1123,7 @@ def _prefetch_next_miss(s, key_of, bk, bshift):
 
 @njit(cache=True, inline="always")
 def _debt_log_append(log_t, log_g, log_d, log_cls, meta, max_samples, t, g, s):
-    """:meth:`prefixshield.policies.prefixshield.DebtLog.append` of group g's charge at ``t``,
+    """`prefixshield.policies.prefixshield.DebtLog.append` of group g's charge at ``t``,
     on its arrays (``meta`` = size, stride, charges counted; the arrays hold
     ``min(max_samples, size + appends to come)`` rows, so "full" means ``max_samples`` as in
     the Python method). ``D_g(t)`` and the class snapshot are read from state ``s`` only for a
@@ -1162,7 +1162,7 @@ def _debt_log_append(log_t, log_g, log_d, log_cls, meta, max_samples, t, g, s):
 @njit(cache=True)
 def replay_keys(st, keys, groups, contract, hits, block_of, key_of, bk, bv, bbits, log_t, log_g,
                 log_d, log_cls, log_meta, max_samples):
-    """The pure cache driver's loop (:func:`prefixshield.simulator.cachedriver.replay_keys`)
+    """The pure cache driver's loop (`prefixshield.simulator.cachedriver.replay_keys`)
     for PrefixShield in one kernel: request i (clock ``i`` s) of group ``groups[i]`` under
     ``contract`` with prefix_id = content key ``keys[i]``; a hit is ``on_hit, on_acquire,
     on_release(cached)`` of the key's block, a miss ``select_victims(1)``, ``on_materialize``
@@ -1172,14 +1172,14 @@ def replay_keys(st, keys, groups, contract, hits, block_of, key_of, bk, bv, bbit
     ``bk``/``bv`` (``2**bbits`` slots, ``bk`` filled with -1; keys >= 0). Returns -1, or the
     index of the request at which an event was illegal (the policy method would raise).
 
-    Speed notes: the loop (:func:`_replay`) is compiled without numba's reference-counted
+    Speed notes: the loop (`_replay`) is compiled without numba's reference-counted
     runtime (``_nrt=False``): with it, every inlined helper taking the state tuple increfed and
     decrefed its ~40 arrays, most of the loop's time. A hit on a free candidate (every hit here)
-    takes the fused :func:`_hit_candidate`; a miss that selection would settle without ranking
-    a group (no truly free block, no group that can owe: :func:`_first_candidate`, every miss of
-    a steady state without debt) takes the fused :func:`_miss_one` and then prefetches the next
-    victims' lines (:func:`_prefetch_next_miss`); the hash slots of the request
-    :data:`PREFETCH_AHEAD` requests later are prefetched."""
+    takes the fused `_hit_candidate`; a miss that selection would settle without ranking
+    a group (no truly free block, no group that can owe: `_first_candidate`, every miss of
+    a steady state without debt) takes the fused `_miss_one` and then prefetches the next
+    victims' lines (`_prefetch_next_miss`); the hash slots of the request
+    `PREFETCH_AHEAD` requests later are prefetched."""
     s = state(st)
     N = s.ctl[C_N]
     bshift = np.uint64(64 - bbits)
@@ -1200,7 +1200,7 @@ def replay_keys(st, keys, groups, contract, hits, block_of, key_of, bk, bv, bbit
 @njit(cache=True, _nrt=False)
 def _replay(st, keys, groups, contract, hits, key_of, bk, bv, bshift, bmask, log_t, log_g, log_d,
             log_cls, log_meta, max_samples, one, yes):
-    """:func:`replay_keys`'s loop over the requests, with the key -> block table ready; ``one``
+    """`replay_keys`'s loop over the requests, with the key -> block table ready; ``one``
     (int32) and ``yes`` (bool, True) are one-element scratch arrays (allocating nothing, it
     runs without numba's NRT)."""
     s = state(st)

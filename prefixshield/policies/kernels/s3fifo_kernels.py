@@ -2,7 +2,7 @@
 
 State layout (struct of arrays, all indexed by block id):
 
-* three intrusive lists in one :class:`~prefixshield.policies.kernels.linkedlist.LinkedLists`
+* three intrusive lists in one `LinkedLists`
   (``prev``/``nxt``/``member``/``length``): list ``FREE`` holds truly free blocks (no content),
   ``SMALL`` and ``MAIN`` are S3-FIFO's two FIFO queues, head = oldest;
 * ``freq`` (int8): the capped access counter of a queued block;
@@ -12,7 +12,7 @@ State layout (struct of arrays, all indexed by block id):
   ``cnt[MAIN]`` are the numbers of pinned blocks in each queue);
 * ``params`` (int64): the ``P_*`` constants below;
 * the ghost FIFO, in three arrays: ``gkeys`` (uint64 ring of the keys in FIFO order, capacity
-  ``ghost_size + num_blocks + num_blocks // 4 + 2``, see :func:`ghost_sizes`), ``gtab`` (int32
+  ``ghost_size + num_blocks + num_blocks // 4 + 2``, see `ghost_sizes`), ``gtab`` (int32
   open-addressing table of ``2**bits`` slots: -1, or the ring index of a live key -- the key
   itself is read from ``gkeys``, so a slot costs 4 bytes) and ``gpos`` (int64: ``G_HEAD`` and
   ``G_TAIL``, absolute ring positions of the oldest entry and one past the newest; ``G_LIVE``,
@@ -22,9 +22,9 @@ State layout (struct of arrays, all indexed by block id):
   trimming skips, and a full ring is compacted in place (amortized O(1): a compaction frees at
   least ``num_blocks // 4 + 2`` entries, more than ``num_blocks`` in the steady state). Linear
   probing, Fibonacci hashing and backward-shift deletion as in
-  :mod:`~prefixshield.policies.kernels.hashtable`. Nothing here allocates: the call-by-call
+  `hashtable`. Nothing here allocates: the call-by-call
   kernels are compiled without numba's runtime (``_nrt=False``), so the fused event loop
-  (:mod:`prefixshield.simulator.fused`) calls them. Keys evicted by one ``select_victims``
+  (`prefixshield.simulator.fused`) calls them. Keys evicted by one ``select_victims``
   call are appended untrimmed; the ghost is trimmed back to ``ghost_size`` (oldest first)
   after the next ``on_materialize`` has looked its keys up, or at the start of the next
   ``select_victims`` -- which reproduces libCacheSim's order (ghost lookup of the missed key
@@ -132,13 +132,13 @@ def _g_delete(gkeys, gtab, shift, mask, i):
 
 @njit(cache=True, inline="always")
 def _g_shift_mask(gtab, gpos):
-    """(``shift``, ``mask``) of the ghost table for :func:`_g_probe` / :func:`_g_delete`."""
+    """(``shift``, ``mask``) of the ghost table for `_g_probe` / `_g_delete`."""
     return np.uint64(64 - gpos[G_BITS]), gtab.shape[0] - 1
 
 
 @njit(cache=True, _nrt=False)
 def ghost_insert(gkeys, gtab, gpos, ghost_size, k):
-    """Append content key ``k`` to the ghost FIFO (no trimming: see :func:`ghost_trim`).
+    """Append content key ``k`` to the ghost FIFO (no trimming: see `ghost_trim`).
 
     A key already in the ghost is left where it is (libCacheSim's ghost ``get`` is a hit). A
     full ring is compacted in place first (live entries keep their order)."""
@@ -532,7 +532,7 @@ def _ghost_trim(tab, shift, mask, slot_of, ring, rmask, head, tail, live, ghost_
 
 
 def fused_table_sizes(num_blocks: int, ghost_size: int, ghost_keys: int) -> tuple[int, int]:
-    """(log2 of ``tab``'s slots, ``ring`` length) for :func:`replay_keys_fused`: at most
+    """(log2 of ``tab``'s slots, ``ring`` length) for `replay_keys_fused`: at most
     ``num_blocks`` cached keys and ``max(ghost_keys, ghost_size + 1)`` ghosts are live at once
     (one reclamation's key is appended before trimming), at load <= 1/4; the ring is a power
     of two > twice the live ghosts, so a compaction (a pass over the ring) frees at least half
@@ -547,13 +547,13 @@ def fused_table_sizes(num_blocks: int, ghost_size: int, ghost_keys: int) -> tupl
 @njit(cache=True)
 def replay_keys_fused(keys, hits, block_of, key_of, prev, nxt, member, length, num_blocks, freq,
                       key, cnt, params, gkeys, gtab, gpos, tab, bits, slot_of, ring):
-    """:func:`replay_keys` with the miss path fused over one table (see the comment above).
+    """`replay_keys` with the miss path fused over one table (see the comment above).
 
     ``tab`` (int64, ``2 * 2**bits``, filled with -1), ``slot_of`` (int64, ``num_blocks``) and
-    ``ring`` (int64, a power of two) are scratch arrays sized by :func:`fused_table_sizes`.
+    ``ring`` (int64, a power of two) are scratch arrays sized by `fused_table_sizes`.
     Returns the number of illegal calls met (0 when the state was consistent), or -1, having
     changed nothing, when the state is not one the pure driver leaves (the caller then runs
-    :func:`replay_keys`)."""
+    `replay_keys`)."""
     small_size = params[P_SMALL_SIZE]
     main_size = params[P_MAIN_SIZE]
     ghost_size = params[P_GHOST_SIZE]

@@ -1,7 +1,7 @@
 """Pure-Python reference implementations of the policies: the executable specification.
 
-Short and readable (lists, deques, dicts, OrderedDict), same :class:`~prefixshield.policies.base.
-Policy` interface as the numba policies, and *not* registered: tests hold the fast policies to
+Short and readable (lists, deques, dicts, OrderedDict), same `Policy`
+interface as the numba policies, and *not* registered: tests hold the fast policies to
 these block for block under random operation sequences.
 """
 

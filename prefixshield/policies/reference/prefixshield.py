@@ -1,7 +1,7 @@
 """PrefixShield in plain Python, straight from its formulas: the executable spec.
 
 Readable over fast: every victim scans all candidates. The numba policy
-(:class:`prefixshield.policies.prefixshield.PrefixShieldPolicy`) must make the same decisions in
+(`prefixshield.policies.prefixshield.PrefixShieldPolicy`) must make the same decisions in
 the same order; the differential tests hold the two together. Interpretations of the spec are the
 ones listed in that module's docstring; they are repeated here where they act.
 
@@ -24,7 +24,7 @@ PROBATIONARY, NORMAL, REUSE = 0, 1, 2
 class ReferencePrefixShield(Policy):
     """Pure-Python PrefixShield with the same interface and flags as the numba policy.
 
-    Args: as :class:`~prefixshield.policies.prefixshield.PrefixShieldPolicy` (``vllm_compat``,
+    Args: as `PrefixShieldPolicy` (``vllm_compat``,
     ``segmentation``, ``debt_gate``, ``responsibility``, ``epsilon`` blocks, ``history_factor``,
     ``admission``, ``charge_decode``, ``prefix_source``).
     """
