@@ -28,6 +28,7 @@ its run state is built (before any process starts).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Callable, Generator
 
 if TYPE_CHECKING:  # the engine imports this module
@@ -38,7 +39,7 @@ Plan = Callable[[float | None], tuple[int, float]]
 the number of steps to take and their seconds (0 steps: no jump)."""
 
 
-class ArrivalSource:
+class ArrivalSource(ABC):
     """Which rows arrive at one engine and when (see the module docstring).
 
     Subclasses give `process`, `left` and `next_wait`; `jump`'s
@@ -51,20 +52,20 @@ class ArrivalSource:
         """Serve ``engine``'s run (called when its run state is built)."""
         self.engine = engine
 
+    @abstractmethod
     def process(self) -> Generator:
         """The SimPy arrival process: yields the timeouts until each row's arrival time and
         calls [`Engine.arrive`][prefixshield.simulator.engine.Engine.arrive] with the row
         then, in arrival order; it returns when no row is left."""
-        raise NotImplementedError
 
+    @abstractmethod
     def left(self) -> bool:
         """Whether a row is still to arrive."""
-        raise NotImplementedError
 
+    @abstractmethod
     def next_wait(self) -> float | None:
         """Seconds from the engine's now to the next arrival (``arrival_s[row] - now``), None
         when none is left or its time is unknown."""
-        raise NotImplementedError
 
     def jump(self, plan: Plan) -> Generator:
         """Take a coalesced decode jump (a generator: ``k = yield from source.jump(plan)``):
