@@ -45,6 +45,12 @@ def default_of(cls: type, name: str) -> Any:
     raise KeyError(f"{cls.__name__} has no default for {name!r}")
 
 
+def check_one_of(name: str, value: Any, choices: tuple) -> None:
+    """``ValueError`` naming ``name`` and its ``choices`` unless ``value`` is one of them."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
+
+
 def engine_config(**fields: Any) -> EngineConfig:
     """The `EngineConfig` of ``fields`` (its attribute names); a field given as None is
     left at the dataclass's default. The one place a run's options become an engine."""
@@ -115,12 +121,8 @@ class RunOptions:
         if not self.seeds or any(not isinstance(s, int) or isinstance(s, bool) or s < 0
                                  for s in self.seeds):
             raise ValueError(f"seeds must be one or more integers >= 0, got {self.seeds!r}")
-        if self.c_prefill_basis not in C_PREFILL_BASES:
-            raise ValueError(f"c_prefill_basis must be one of {', '.join(C_PREFILL_BASES)}, got "
-                             f"{self.c_prefill_basis!r}")
-        if self.contracts not in CONTRACT_MODES:
-            raise ValueError(f"contracts must be one of {', '.join(CONTRACT_MODES)}, got "
-                             f"{self.contracts!r}")
+        check_one_of("c_prefill_basis", self.c_prefill_basis, C_PREFILL_BASES)
+        check_one_of("contracts", self.contracts, CONTRACT_MODES)
         if self.scale_to_load is not None and not self.scale_to_load > 0:
             raise ValueError(f"scale_to_load must be > 0, got {self.scale_to_load}")
         if self.executor is not None and self.fleet is None:

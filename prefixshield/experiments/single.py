@@ -24,7 +24,7 @@ import pandas as pd
 from prefixshield import __version__
 from prefixshield.atomic import write_text, write_with
 from prefixshield.machine import physical_memory_bytes
-from prefixshield.experiments.options import C_PREFILL_BASES, DEFAULT_ALPHA
+from prefixshield.experiments.options import C_PREFILL_BASES, DEFAULT_ALPHA, check_one_of
 from prefixshield.experiments.overrides import parse_policy_spec
 from prefixshield.policies import make_policy
 from prefixshield.simulator.capacity import C_PREFILL_REQUESTS, measure_c_prefill
@@ -90,12 +90,8 @@ class RunSpec:
     resample: str | None = None
 
     def __post_init__(self) -> None:
-        if self.resample not in RESAMPLES:
-            raise ValueError(f"resample must be one of {', '.join(map(str, RESAMPLES))}, got "
-                             f"{self.resample!r}")
-        if self.c_prefill_basis not in C_PREFILL_BASES:
-            raise ValueError(f"c_prefill_basis must be one of {', '.join(C_PREFILL_BASES)}, got "
-                             f"{self.c_prefill_basis!r}")
+        check_one_of("resample", self.resample, RESAMPLES)
+        check_one_of("c_prefill_basis", self.c_prefill_basis, C_PREFILL_BASES)
         for spec in self.policies:
             parse_policy_spec(spec)  # raises on an unknown name or parameter
         if not self.policies:
