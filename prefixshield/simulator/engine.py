@@ -57,6 +57,7 @@ import pandas as pd
 import simpy
 
 from prefixshield.policies.base import POLICIES, Policy
+from prefixshield.scheduling import kernels as sk
 from prefixshield.scheduling.config import capped_outputs, over_block_limit
 from prefixshield.scheduling.registry import make_scheduler
 from prefixshield.simulator import batch as bk
@@ -1154,12 +1155,15 @@ class Engine:
         ``fused`` are set, the policy is exactly the registered class of one of
         `FUSED_POLICIES` (the kernel drives their state through their own event kernels;
         a subclass may change an event), the cost model is exactly `CostModel` (the
-        kernel evaluates its formula), the scheduler is vLLM's default (FCFS without
-        per-tenant limits: the loop compiles it) and the arrivals are the trace's own
+        kernel evaluates its formula), the scheduler is vLLM's default or exactly one of the
+        registered classes of `FUSED_KINDS <prefixshield.scheduling.kernels.FUSED_KINDS>`
+        (their compiled form is in `prefixshield.scheduling.kernels`) and the arrivals are the
+        trace's own
         ([`TraceArrivals`][prefixshield.simulator.arrivals.TraceArrivals]: the loop reads them up
         front). The trace's length does not matter: the hashes and block tables are held a
         window at a time (`FUSED_WINDOW_HASHES`)."""
-        return (self.batched and self.fused and not self.scheduled_by_policy
+        return (self.batched and self.fused
+                and (not self.scheduled_by_policy or sk.fused_kind(self.scheduler) is not None)
                 and type(self.arrivals) is TraceArrivals and self._fused_policy() is not None
                 and type(self.cost) is CostModel)
 
@@ -1196,7 +1200,7 @@ class Engine:
         ctl, fctl, pol = self._fused_setup(n)
         log = pol[-1]
         hashes, table = self._fused_window(ctl, hash_off, table_off, 0, 0, None, None)
-        waiting = np.empty(n + 1, dtype=np.int64)
+        queue = self._fused_queue(n)
         materialized = np.zeros(n, dtype=np.int64)
         scratch = self._fused_scratch()
         # First guesses (a run records about one occupancy row per step that touches the pool
@@ -1210,7 +1214,7 @@ class Engine:
         cap = rows or 4 * n + self._run_ids.shape[0] + 1024
         cre_t = np.empty(cap, dtype=np.float64)
         cre = [np.empty(cap, dtype=np.int64) for _ in range(3)]
-        fz.start(ctl, fctl, self.arrival_s, waiting)
+        fz.start(ctl, fctl, self.arrival_s, self.group_id, *queue)
         # the requests due at t = 0 arrive to an empty pool
         self.arrival_cached_tokens[:int(ctl[fz.NEXT_ARRIVAL])] = 0
         held_since = np.zeros(n, dtype=np.float64)
@@ -1221,7 +1225,7 @@ class Engine:
         ctl[fz.NUM_HELD] = 1
         while True:
             code = self._fused_call(ctl, fctl, self, materialized, held_since, table, table_off,
-                                    hashes, hash_off, waiting, scratch, pol,
+                                    hashes, hash_off, queue, scratch, pol,
                                     (occ_t, occ, cre_t, cre, held_t, held_rows))
             if code == fz.DONE:
                 break
@@ -1229,7 +1233,7 @@ class Engine:
                 self._fused_check(ctl, self._state, table, table_off, hashes, hash_off)
             elif code == fz.NEED_WINDOW:
                 hashes, table = self._fused_window(
-                    ctl, hash_off, table_off, self._oldest_live(ctl, waiting),
+                    ctl, hash_off, table_off, self._oldest_live(ctl, queue),
                     int(ctl[fz.NEXT_ARRIVAL]), hashes, table)
             elif code == fz.GROW:
                 more = max(occ_t.shape[0], 1)
@@ -1254,6 +1258,7 @@ class Engine:
         self.num_steps = int(ctl[fz.NUM_STEPS])
         self.num_events = int(ctl[fz.NUM_EVENTS])
         self.arrivals.next_row = int(ctl[fz.NEXT_ARRIVAL])
+        sk.write_back(self.scheduler, queue[1])
         pool.num_evicted_total += int(ctl[fz.NUM_EVICTED])
         k = int(ctl[fz.LAST_EVICTED_N])
         if k:
@@ -1306,6 +1311,14 @@ class Engine:
                                          cm.d_s_per_context_token, cm.e_s_per_new_request)
         return ctl, fctl, pol
 
+    def _fused_queue(self, n: int) -> tuple[np.ndarray, tuple]:
+        """The fused loop's waiting requests over ``n`` requests: ``(waiting, sch)``, the ring
+        of vLLM's default scheduling (``n + 1`` ids) and the scheduler's compiled state
+        (`prefixshield.scheduling.kernels.fused_state`; its kind says which of them is used)."""
+        sch = sk.fused_state(self.scheduler, n, self._run_ids.shape[0], self.config.block_size,
+                             (bk.PROMPT, bk.OUTPUT_DONE), not self.scheduled_by_policy)
+        return np.empty(n + 1, dtype=np.int64), sch
+
     def _fused_scratch(self) -> tuple:
         """The loop's per-block scratch: ``hits, victims, evicted, was_free, freed, cached,
         order`` (one entry per pool block)."""
@@ -1357,11 +1370,12 @@ class Engine:
 
     def _fused_call(self, ctl: np.ndarray, fctl: np.ndarray, rows, materialized: np.ndarray,
                     held_since: np.ndarray, table: np.ndarray, table_off: np.ndarray,
-                    hashes: np.ndarray, hash_off: np.ndarray, waiting: np.ndarray,
+                    hashes: np.ndarray, hash_off: np.ndarray, queue: tuple,
                     scratch: tuple, pol: tuple, series: tuple) -> int:
         """One `fused.run_loop` call; returns its code. ``rows``: the object holding the
         per-request arrays by the engine's names (the engine, or a streamed run's window of
-        rows, `prefixshield.simulator.stream`); ``scratch``: the per-block scratch
+        rows, `prefixshield.simulator.stream`); ``queue``: `_fused_queue`; ``scratch``: the
+        per-block scratch
         (``hits`` .. ``order``); ``pol``: `_fused_policy_state`; ``series``: ``(occ_t,
         occ, cre_t, [cre_g, cre_c, cre_b], held_t, held_rows)``. Writes back what the
         policy's Python side keeps (the debt log's counters, S3-FIFO's ghost slack)."""
@@ -1380,12 +1394,12 @@ class Engine:
         rec = (rows.first_token_s, rows.finish_s, rows.cached_tokens, rows.num_preemptions,
                rows.num_new_blocks, rows.admitted_s, rows.arrival_cached_tokens, rows.block_s,
                held_since)
-        batch = (self._run_ids, self._num_new, self._finished, waiting)
+        batch = (self._run_ids, self._num_new, self._finished, queue[0])
         pool_arrays = (pool.ref_cnt, pool.block_hash, pool.hash_next, pool.owner_group,
                        pool.occupancy, pool.evictions, pool._map_keys, pool._map_vals,
                        pool._map_size)
         pol_arrays = (*lists, ps, *log_cols, log_meta, *quota_state, *s3_state)
-        code = fz.run_loop(ctl, fctl, req, (table, hashes), rec, batch, tuple(scratch),
+        code = fz.run_loop(ctl, fctl, req, (table, hashes), rec, batch, queue[1], tuple(scratch),
                            pool_arrays, pol_arrays,
                            (occ_t, occ, cre_t, *cre, self.kv.held, held_t, held_rows))
         if log is not None:
@@ -1394,14 +1408,17 @@ class Engine:
             pool.policy._ghost_slack = int(ctl[fz.S3_GHOST_SLACK])
         return code
 
-    def _oldest_live(self, ctl: np.ndarray, waiting: np.ndarray) -> int:
-        """The oldest request (row) the fused loop still reads: waiting, running, or the next
-        to arrive."""
+    def _oldest_live(self, ctl: np.ndarray, queue: tuple) -> int:
+        """The oldest request (row) the fused loop still reads: waiting (in ``queue``,
+        `_fused_queue`), running, or the next to arrive."""
         oldest = int(ctl[fz.NEXT_ARRIVAL])
         num_running, count = int(ctl[fz.NUM_RUNNING]), int(ctl[fz.WAIT_COUNT])
         if num_running:
             oldest = min(oldest, int(self._run_ids[:num_running].min()))
-        if count:
+        waiting, sch = queue
+        if count and sch[0][sk.KIND] != sk.KIND_NONE:
+            oldest = min(oldest, int(sk.oldest_waiting(sch)))
+        elif count:
             ring = (int(ctl[fz.WAIT_HEAD]) + np.arange(count)) % waiting.shape[0]
             oldest = min(oldest, int(waiting[ring].min()))
         return oldest

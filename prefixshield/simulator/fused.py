@@ -79,6 +79,7 @@ from prefixshield.policies.kernels import linkedlist as ll
 from prefixshield.policies.kernels import prefixshield_kernels as psk
 from prefixshield.policies.kernels import s3fifo_kernels as s3k
 from prefixshield.policies import static_quota as sq
+from prefixshield.scheduling import kernels as sk
 from prefixshield.simulator import batch as bk
 from prefixshield.simulator.blockpool import _cache, _claim, _find_hits, _release, _touch
 from prefixshield.simulator.creation import CreationLog
@@ -189,7 +190,10 @@ TABLE_BASE = 37
 WINDOW_END = 38
 """First request whose hashes and table are not in the window: its arrival returns
 `NEED_WINDOW` (``n`` when the window holds every request)."""
-NUM_CTL = 39
+STEP_HELD_BACK = 39
+"""Whether the step's admissions stopped because every waiting request was held back by its
+group's limits (`Engine._step`'s ``held_back``)."""
+NUM_CTL = 40
 
 # Policies the loop drives (ctl[POLICY]).
 POLICY_LRU = 0
@@ -480,7 +484,7 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, req, win, rec, scr,
 
 
 @njit(cache=True, _nrt=False)
-def run_loop(ctl, fctl, req, win, rec, batch, scr, pool, pol, series):
+def run_loop(ctl, fctl, req, win, rec, batch, sch, scr, pool, pol, series):
     """Run the engine's event loop from the state in ``ctl`` / ``fctl`` until it returns.
 
     The arrays come in tuples by what they hold, each in this order (all updated in place; ids
@@ -499,7 +503,12 @@ def run_loop(ctl, fctl, req, win, rec, batch, scr, pool, pol, series):
       request's table (scratch).
     * ``batch``: ``(run_ids, num_new, finished, waiting)``: running order (request ids),
       tokens scheduled per position this step, scratch for finished positions
-      (``min(max_num_seqs, n) + 1`` each), the ring buffer of waiting ids (``n + 1``).
+      (``min(max_num_seqs, n) + 1`` each), the ring buffer of waiting ids (``n + 1``) of
+      vLLM's default scheduling.
+    * ``sch``: the scheduler's state (`prefixshield.scheduling.kernels.fused_state`); its kind
+      `KIND_NONE <prefixshield.scheduling.kernels.KIND_NONE>` is vLLM's default
+      (FCFS without limits), which the ring serves; any other kind keeps the waiting
+      requests, the victims, the limits and the counters in it.
     * ``scr``: per-block scratch ``(hits, victims, evicted, was_free, freed, cached, order)``.
     * ``pool``: the block pool's ``(ref_cnt, block_hash, hash_next, owner, occupancy,
       evictions, map_keys, map_vals, map_size)``.
@@ -525,6 +534,9 @@ def run_loop(ctl, fctl, req, win, rec, batch, scr, pool, pol, series):
     (first_token_s, finish_s, cached_tokens, num_preemptions, num_new_blocks, admitted_s,
      arrival_cached, block_s, held_since) = rec
     run_ids, num_new, finished, waiting = batch
+    sctl, sw, out_before = sch[0], sch[1], sch[16]
+    by_sched = sctl[sk.KIND] != sk.KIND_NONE
+    order_fixed = sctl[sk.ORDER_FIXED] != 0
     hits = scr[0]
     map_keys, map_vals = pool[6], pool[7]
     log_t, log_meta = pol[5], pol[9]
@@ -577,14 +589,28 @@ def run_loop(ctl, fctl, req, win, rec, batch, scr, pool, pol, series):
                 self_preempted = False
                 while not _allocate(r, k, 0, 0, ctl, now, req, win, rec, scr, pool, pol, series):
                     preempted = True
-                    # preempt the newest running request (recompute): it waits at the head
+                    # preempt the scheduler's victim (vLLM's: the newest running request) by
+                    # recompute: it leaves the running order and waits again
+                    j = (sk.victim(sch, run_ids, nrun, group_id, arrival_s) if by_sched
+                         else nrun - 1)
+                    victim = run_ids[j]
+                    if j < i:
+                        # scheduled earlier in this step: its tokens go back to the budget
+                        # (vLLM's priority path; FCFS never gets here)
+                        budget += num_new[j]
+                        i -= 1
+                    for p in range(j, nrun - 1):
+                        run_ids[p] = run_ids[p + 1]
+                        num_new[p] = num_new[p + 1]
                     nrun -= 1
-                    victim = run_ids[nrun]
                     _free_request(victim, ctl, now, req, win, rec, scr, pool, pol, held)
                     num_preemptions[victim] += 1
-                    h = (ctl[WAIT_HEAD] - 1) % wcap
-                    waiting[h] = victim
-                    ctl[WAIT_HEAD] = h
+                    if by_sched:
+                        sk.requeue(sch, victim, group_id[victim], arrival_s)
+                    else:
+                        h = (ctl[WAIT_HEAD] - 1) % wcap
+                        waiting[h] = victim
+                        ctl[WAIT_HEAD] = h
                     ctl[WAIT_COUNT] += 1
                     if victim == r:
                         self_preempted = True
@@ -598,9 +624,18 @@ def run_loop(ctl, fctl, req, win, rec, batch, scr, pool, pol, series):
             admitted = 0
             first_admissions = 0
             head_blocked = False
+            held_back = False
             if not preempted:
+                if by_sched and sctl[sk.HAS_LIMITS]:
+                    sk.count_running(sch, run_ids, nrun, group_id)
                 while ctl[WAIT_COUNT] > 0 and budget > 0 and nrun < max_seqs:
-                    r = waiting[ctl[WAIT_HEAD]]
+                    if by_sched:
+                        r = sk.peek(sch, True, arrival_s, group_id, state, held)
+                        if r < 0:
+                            held_back = True  # every waiting request is held back by a limit
+                            break
+                    else:
+                        r = waiting[ctl[WAIT_HEAD]]
                     num_tokens = state[r, bk.PROMPT] + state[r, bk.OUTPUT_DONE]
                     h0 = hash_off[r] - ctl[HASH_BASE]
                     nh = _find_hits(map_keys, map_vals,
@@ -612,15 +647,21 @@ def run_loop(ctl, fctl, req, win, rec, batch, scr, pool, pol, series):
                                      pol, series):
                         head_blocked = True
                         break
-                    ctl[WAIT_HEAD] = (ctl[WAIT_HEAD] + 1) % wcap
+                    if by_sched:
+                        sk.remove(sch, r, group_id[r])
+                    else:
+                        ctl[WAIT_HEAD] = (ctl[WAIT_HEAD] + 1) % wcap
                     ctl[WAIT_COUNT] -= 1
                     run_ids[nrun] = r
                     num_new[nrun] = k
                     nrun += 1
-                    if cached_tokens[r] < 0:
+                    first = cached_tokens[r] < 0
+                    if first:
                         cached_tokens[r] = nh * B
                         admitted_s[r] = now
                         first_admissions += 1
+                    if by_sched:
+                        sk.on_admit(sch, group_id[r], first, state[r, bk.PROMPT])
                     budget -= k
                     admitted += 1
             ctl[NUM_RUNNING] = nrun
@@ -632,7 +673,8 @@ def run_loop(ctl, fctl, req, win, rec, batch, scr, pool, pol, series):
                 if preempted:
                     continue  # the last running request preempted itself; iterate again
                 if ctl[NEXT_ARRIVAL] >= n:
-                    ctl[ERR_REQUEST] = waiting[ctl[WAIT_HEAD]]
+                    ctl[ERR_REQUEST] = (sk.peek(sch, False, arrival_s, group_id, state, held)
+                                        if by_sched else waiting[ctl[WAIT_HEAD]])
                     return NEVER_ADMITTED
                 ctl[ESTATE] = E_IDLE
                 ctl[WAKE_SCHED] = 0
@@ -645,6 +687,8 @@ def run_loop(ctl, fctl, req, win, rec, batch, scr, pool, pol, series):
             ctl[STEP_PREEMPTED] = preempted
             ctl[STEP_ADMITTED] = admitted
             ctl[STEP_HEAD_BLOCKED] = head_blocked
+            ctl[STEP_HELD_BACK] = held_back
+            sw[sk.STEP_DT] = dt
             _schedule_engine_event(ctl, fctl, now + dt)
             ctl[ESTATE] = E_STEP
             continue
@@ -659,12 +703,20 @@ def run_loop(ctl, fctl, req, win, rec, batch, scr, pool, pol, series):
                     per_step = fctl[COST_A] + fctl[COST_C] * nseq + fctl[COST_D] * ctx0
                     bounded = ctl[NEXT_ARRIVAL] < n
                     wait = arrival_s[ctl[NEXT_ARRIVAL]] - now if bounded else 0.0
-                    k, seconds = bk.coalesced_time(per_step, fctl[COST_D] * nseq, k, wait,
-                                                   bounded)
-                    ctl[NUM_EVENTS] += 1
-                    ctl[JUMP_K] = k
-                    _schedule_engine_event(ctl, fctl, now + seconds)
-                    ctl[ESTATE] = E_JUMP
+                    slope = fctl[COST_D] * nseq
+                    k, seconds = bk.coalesced_time(per_step, slope, k, wait, bounded)
+                    if bounded and not order_fixed:
+                        # a scheduler whose order moves with decoding (VTC) ends the jump
+                        # before the step the next arrival falls in, which then runs on its own
+                        k = k - 1 if seconds >= wait else k
+                        if k > 0:
+                            k, seconds = bk.coalesced_time(per_step, slope, k, 0.0, False)
+                    if k > 0:
+                        ctl[NUM_EVENTS] += 1
+                        ctl[JUMP_K] = k
+                        sw[sk.JUMP_T0] = now
+                        _schedule_engine_event(ctl, fctl, now + seconds)
+                        ctl[ESTATE] = E_JUMP
             continue
         # ---- the engine waits: process the earlier of the two pending events
         engine_pending = es == E_STEP or es == E_JUMP or (es == E_IDLE and ctl[WAKE_SCHED] != 0)
@@ -685,7 +737,10 @@ def run_loop(ctl, fctl, req, win, rec, batch, scr, pool, pol, series):
                 arrival_cached[a] = _find_hits(map_keys, map_vals,
                                                hashes[h0:hash_off[a + 1] - ctl[HASH_BASE]],
                                                (state[a, bk.PROMPT] - 1) // B, hits) * B
-                waiting[(ctl[WAIT_HEAD] + ctl[WAIT_COUNT]) % wcap] = a
+                if by_sched:
+                    sk.arrive(sch, a, group_id[a], arrival_s)
+                else:
+                    waiting[(ctl[WAIT_HEAD] + ctl[WAIT_COUNT]) % wcap] = a
                 ctl[WAIT_COUNT] += 1
                 ctl[NEXT_ARRIVAL] = a + 1
                 if ctl[ESTATE] == E_IDLE and ctl[WAKE_SCHED] == 0:
@@ -708,15 +763,30 @@ def run_loop(ctl, fctl, req, win, rec, batch, scr, pool, pol, series):
             continue
         if es == E_JUMP:
             ctl[NUM_STEPS] += ctl[JUMP_K]
+            # no block opens or fills in a jump: the blocks held throughout are held's
+            sk.on_hold(sch, held, now - sw[sk.JUMP_T0])
             bk.advance_decode(state, run_ids, ctl[NUM_RUNNING], ctl[JUMP_K])
+            if sctl[sk.COUNTS_OUTPUTS]:
+                for p in range(ctl[NUM_RUNNING]):
+                    sch[13][group_id[run_ids[p]]] += ctl[JUMP_K]
             ctl[ESTATE] = E_TOP
             continue
         # es == E_STEP: the end of a step
         ctl[NUM_STEPS] += 1
         nrun = ctl[NUM_RUNNING]
+        # the blocks held through the step, before it frees (Scheduler.on_hold)
+        sk.on_hold(sch, held, sw[sk.STEP_DT])
+        counts_outputs = sctl[sk.COUNTS_OUTPUTS] != 0
+        if counts_outputs:
+            for p in range(ctl[NUM_SCHEDULED]):
+                out_before[p] = state[run_ids[p], bk.OUTPUT_DONE]
         num_finished, decoding = bk.advance_scheduled(state, run_ids, nrun, ctl[NUM_SCHEDULED],
                                                       num_new, now, first_token_s, finish_s,
                                                       finished)
+        if counts_outputs:  # Scheduler.on_output of the tokens the step emitted
+            for p in range(ctl[NUM_SCHEDULED]):
+                r = run_ids[p]
+                sch[13][group_id[r]] += state[r, bk.OUTPUT_DONE] - out_before[p]
         for j in range(num_finished):  # freed in schedule order
             r = run_ids[finished[j]]
             num_new_blocks[r] = materialized[r]
@@ -730,7 +800,10 @@ def run_loop(ctl, fctl, req, win, rec, batch, scr, pool, pol, series):
         if ctl[STEP_PREEMPTED] or ctl[STEP_ADMITTED] or num_finished:
             ctl[QUIET] = 0
         else:
-            stuck = ctl[WAIT_COUNT] == 0 or ctl[STEP_HEAD_BLOCKED] != 0 or nrun >= max_seqs
+            # a request held back by a limit stays held, and one that did not fit still does
+            # not -- unless the scheduler's order moves with decoding (VTC's counters)
+            stuck = (ctl[WAIT_COUNT] == 0 or (ctl[STEP_HEAD_BLOCKED] != 0 and order_fixed)
+                     or ctl[STEP_HELD_BACK] != 0 or nrun >= max_seqs)
             ctl[QUIET] = stuck and decoding
         ctl[ESTATE] = E_AFTER_STEP
         if ctl[STOP_AFTER_STEP]:
@@ -738,9 +811,10 @@ def run_loop(ctl, fctl, req, win, rec, batch, scr, pool, pol, series):
 
 
 @njit(cache=True)
-def start(ctl, fctl, arrival_s, waiting):
+def start(ctl, fctl, arrival_s, group_id, waiting, sch):
     """Replay the two ``Initialize`` events at t = 0: the arrival process appends every request
-    due by then and schedules the next; then the engine process starts at its loop's top."""
+    due by then (to the ring ``waiting``, or the scheduler's queue in ``sch``) and schedules
+    the next; then the engine process starts at its loop's top."""
     n = ctl[N]
     fctl[NOW] = 0.0
     ctl[EID] = 2  # the two Initialize events
@@ -753,7 +827,10 @@ def start(ctl, fctl, arrival_s, waiting):
             ctl[EA] = ctl[EID]
             ctl[EID] += 1
             break
-        waiting[ctl[WAIT_COUNT]] = a
+        if sch[0][sk.KIND] != sk.KIND_NONE:
+            sk.arrive(sch, a, group_id[a], arrival_s)
+        else:
+            waiting[ctl[WAIT_COUNT]] = a
         ctl[WAIT_COUNT] += 1
         a += 1
     ctl[NEXT_ARRIVAL] = a

@@ -420,7 +420,8 @@ class StreamedRun:
                     stream.vocab_size, stream.tenants_meta())
         self.engine = Engine(one, policy, cost, config, contracts=contracts,
                              coalesce_decode=coalesce_decode)
-        if not self.engine.fused_applies():
+        # (the window's rebasing moves the ring of vLLM's default scheduling only)
+        if not self.engine.fused_applies() or not config.scheduler.is_default:
             raise EngineError(
                 "a streamed run takes the fused loop: policy one of "
                 f"{', '.join(Engine.FUSED_POLICIES)} (exactly the registered class), the "
@@ -522,7 +523,7 @@ class StreamedRun:
         log = pol[-1]
         self._bounds(ctl, win)
         hash_off, table_off, hashes, table = self._hashes(win, None, 0, None, None)
-        waiting = np.empty(len(win) + 1, dtype=np.int64)
+        waiting, sch = eng._fused_queue(len(win))
         scratch = eng._fused_scratch()
         G = pool.num_groups
         # the series' buffers: spilled whenever the loop asks for room, so a fixed size
@@ -535,19 +536,20 @@ class StreamedRun:
         cre_t = np.empty(cap)
         cre = [np.empty(cap, dtype=np.int64) for _ in range(3)]
         series = (occ_t, occ, cre_t, cre, held_t, held_rows)
-        fz.start(ctl, fctl, win.arrival_s, waiting)
+        fz.start(ctl, fctl, win.arrival_s, win.group_id, waiting, sch)
         win.arrival_cached_tokens[:int(ctl[fz.NEXT_ARRIVAL])] = 0
         windows = 1
         while True:
             code = eng._fused_call(ctl, fctl, win, win.materialized, win.held_since, table,
-                                   table_off, hashes, hash_off, waiting, scratch, pol, series)
+                                   table_off, hashes, hash_off, (waiting, sch), scratch, pol,
+                                   series)
             if code == fz.DONE:
                 break
             if code == fz.CHECK:
                 eng._fused_check(ctl, win._state, table, table_off, hashes, hash_off)
             elif code == fz.NEED_WINDOW:
                 self._spill(ctl, series, files, False)
-                shift = eng._oldest_live(ctl, waiting)
+                shift = eng._oldest_live(ctl, (waiting, sch))
                 files.records(_records_frame(win, 0, shift))
                 old = win
                 win = self._next_window(old, shift)

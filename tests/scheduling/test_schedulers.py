@@ -39,8 +39,9 @@ def run(trace, scheduler=None, policy="lru", blocks=512, **kw):
 @pytest.mark.parametrize("policy", ["lru", "prefixshield", "s3fifo", "static_quota"])
 @pytest.mark.parametrize("workload", ["one_touch", "sharegpt", "borrowing"])
 def test_fcfs_through_the_scheduler_equals_the_fused_engine(workload, policy):
-    """Limits no request reaches send FCFS through the scheduler (the step-by-step path):
-    every record, the evictions and the occupancy equal the default (fused) run, bit for bit."""
+    """Limits no request reaches send FCFS through the scheduler (its compiled queue in the
+    fused loop, not the loop's own ring): every record, the evictions and the occupancy equal
+    the default run, bit for bit."""
     trace = trace_of(workload)
     plain = run(trace, policy=policy)
     loose = SchedulerConfig("fcfs", limits=(("*", TenantLimits(max_running=10**6)),))
@@ -284,17 +285,24 @@ def same_runs(a, b) -> None:
     ("sharegpt", 128, {"duration_s": 30.0}),  # preemptions
     ("sharegpt", 512, {"duration_s": 30.0}),
 ])
-def test_the_batched_step_equals_the_step_by_step_path_under_every_scheduler(
+def test_the_fused_and_batched_steps_equal_the_step_by_step_path_under_every_scheduler(
         name, policy, workload, blocks, overrides):
-    """Bit for bit: records, occupancy, blocks held, evictions, steps -- with jumps and
-    without, and with preemptions of any running request."""
+    """Bit for bit, the fused loop and the per-step batched path against the step-by-step
+    oracle: records, occupancy, blocks held, evictions, steps, events and the scheduler's own
+    counters -- with jumps and without, and with preemptions of any running request."""
     trace = trace_of(workload, **overrides)
     sched = schedulers(trace.group_names())[name]
+    config = EngineConfig(num_blocks=blocks, scheduler=sched)
     for coalesce in (True, False):
-        step = run(trace, sched, policy=policy, blocks=blocks, batched=False,
-                   coalesce_decode=coalesce)
-        batched = run(trace, sched, policy=policy, blocks=blocks, coalesce_decode=coalesce)
-        same_runs(batched, step)
+        engines = [Engine(trace, make_policy(policy, blocks), PROFILE.cost, config,
+                          coalesce_decode=coalesce, **kw)
+                   for kw in (dict(batched=False), dict(fused=False), dict())]
+        assert [e.fused_applies() for e in engines] == [False, False, True]
+        step, *others = [e.run() for e in engines]
+        for engine, other in zip(engines[1:], others):
+            same_runs(other, step)
+            assert other.num_events == step.num_events
+            assert engine.scheduler.stats() == engines[0].scheduler.stats()
 
 
 def test_the_preemption_case_preempts():

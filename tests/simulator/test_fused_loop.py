@@ -17,6 +17,8 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from helpers import assert_same_run as same_run, make_trace, small_trace
 from prefixshield.policies import POLICIES, make_policy
+from prefixshield.scheduling import SchedulerConfig, TenantLimits
+from prefixshield.scheduling.vtc import VTCScheduler
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import CostModel, load_profile
 from prefixshield.simulator import engine as engine_module
@@ -85,6 +87,7 @@ def three_paths(trace, config: EngineConfig, cost=PROFILE_COST, coalesce: bool =
         assert_same_run(results[0], result)
         assert_same_pool(engines[0], engine)
         assert engine.env.now == engines[0].env.now
+        assert engine.scheduler.stats() == engines[0].scheduler.stats(), "scheduler counters"
     return results[2]
 
 
@@ -226,6 +229,61 @@ def test_random_small_traces_run_bit_identical_in_the_fused_loop(reqs, compat, n
     event(f"evictions: {'yes' if result.evictions.sum() else 'no'}")
 
 
+def _limits(draw_running, draw_blocks):
+    lim = {}
+    if draw_running:
+        lim["max_running"] = draw_running
+    if draw_blocks:
+        lim["max_blocks"] = draw_blocks
+    return TenantLimits(**lim)
+
+
+# The schedulers the fused loop compiles, with and without per-tenant limits (a request of the
+# random traces below needs at most 10 blocks, so a max_blocks of 10 holds none back for ever)
+schedulers = st.one_of(
+    st.builds(lambda lim: SchedulerConfig("fcfs", limits=(("g0", lim),)),
+              st.builds(_limits, st.sampled_from([1, 2]), st.sampled_from([None, 10, 16]))),
+    st.builds(lambda g, p: SchedulerConfig("priority", priorities=((g, p),)),
+              st.sampled_from(["g0", "g1"]), st.sampled_from([-1, 1])),
+    st.builds(lambda lim: SchedulerConfig("vtc", limits=(("*", lim),) if lim.any else ()),
+              st.builds(_limits, st.sampled_from([None, 1]), st.sampled_from([None, 10]))),
+    st.builds(lambda w: SchedulerConfig("kvtc", kvtc_kv_weight=w),
+              st.sampled_from([None, 0.5, 40.0])))
+
+
+@settings(max_examples=160, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=st.lists(request, min_size=1, max_size=14), num_blocks=st.integers(11, 24),
+       max_tokens=st.sampled_from([24, 64, 8192]), max_seqs=st.sampled_from([2, 3, 256]),
+       coalesce=st.booleans(), tied=st.booleans(), policy=st.sampled_from(FUSED_POLICIES),
+       scheduler=schedulers)
+def test_random_small_traces_run_bit_identical_under_every_scheduler(reqs, num_blocks,
+                                                                     max_tokens, max_seqs,
+                                                                     coalesce, tied, policy,
+                                                                     scheduler):
+    # Victims anywhere in the running order (priority, VTC), budgets given back, requests
+    # held back by limits, counter lifts, jumps that end before an arrival (VTC's order moves
+    # with decoding): the fused loop's scheduler kernels against the Python schedulers.
+    reqs = sorted(reqs)
+    B = 4
+    rows = [dict(arrival_s=round(8 * t) / 8 if tied else t, segment_ids=[p, 100 + i],
+                 segment_lengths=[2 * B, max(1, round(n * B))], output_tokens=max(1, round(o * B)),
+                 group=f"g{g}", prefix_id=p)
+            for i, (t, p, n, o, g) in enumerate(reqs)]
+    if {r["group"] for r in rows} != {"g0", "g1"}:
+        rows.append(dict(rows[-1], group="g1" if rows[-1]["group"] == "g0" else "g0",
+                         segment_ids=[0, 99]))  # both groups: the configs name them
+    config = EngineConfig(num_blocks=num_blocks, block_size=B, max_num_batched_tokens=max_tokens,
+                          max_num_seqs=max_seqs, scheduler=scheduler)
+    cost = (CostModel(1 / 64, 0.0, 0.0, 0.0, 0.0) if tied
+            else CostModel(0.01, 0.0005, 0.001, 1e-6, 0.002))
+    result = three_paths(make_trace(rows, seed=len(reqs)), config, cost, coalesce, policy)
+    event(f"scheduler: {scheduler.name}")
+    if result is None:
+        event("cannot run (same error on all paths)")
+        return
+    event(f"preemptions: {'yes' if result.records['preemptions'].sum() else 'no'}")
+
+
 def test_arrivals_at_a_step_boundary_follow_simpy_event_order():
     # Step times and arrivals on binary fractions of a second (the sums are exact), so that
     # arrivals fall due exactly when steps end: the next step sees such an arrival or not
@@ -288,6 +346,20 @@ def test_fused_loop_applies_only_where_it_is_exact():
     small = engine()
     small.FUSED_WINDOW_HASHES = 10   # the window no longer picks the path
     assert small.fused_applies()
+    # every registered scheduler, with limits too; not a subclass (it may change a method)
+    for sched in (SchedulerConfig("priority"), SchedulerConfig("vtc"), SchedulerConfig("kvtc"),
+                  SchedulerConfig("fcfs", limits=(("*", TenantLimits(max_running=2)),))):
+        cfg = EngineConfig(scheduler=sched)
+        assert Engine(trace, make_policy("lru", cfg.num_blocks), PROFILE_COST,
+                      cfg).fused_applies(), sched.name
+
+    class Tweaked(VTCScheduler):
+        pass
+
+    vtc = Engine(trace, make_policy("lru", config.num_blocks), PROFILE_COST,
+                 EngineConfig(scheduler=SchedulerConfig("vtc")))
+    vtc.scheduler = Tweaked(vtc.scheduler.config, vtc.groups, vtc.arrival_s, vtc.group_id)
+    assert not vtc.fused_applies()
 
 
 @pytest.mark.parametrize("policy", FUSED_POLICIES)
