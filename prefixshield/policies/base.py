@@ -11,7 +11,8 @@ group and contract ids are small non-negative ints; ``now`` is seconds on the ac
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, ClassVar, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -21,6 +22,38 @@ from prefixshield.tenancy import Contract
 COMPAT_MODES = ("0.10", "current")
 """vLLM free-queue semantics: ``"0.10"`` appends every freed block to the tail; ``"current"``
 puts freed blocks that carry no hash at the head (they are reused first)."""
+
+
+@dataclass
+class FusedArrays:
+    """A policy's state as the fused engine loop (`prefixshield.simulator.fused.run_loop`)
+    drives it: which of the loop's kernel sets runs its events, and the arrays those kernels
+    update in place (the policy's own; nothing is copied). Fields a kernel set does not read
+    stay empty.
+
+    Attributes:
+        kernels: the kernel set, a key of `prefixshield.simulator.fused.KERNELS` (``"lru"``:
+            one linked list in vLLM's free order; ``"prefixshield"``: the packed state;
+            ``"static_quota"``; ``"s3fifo"``).
+        lists: ``(prev, nxt, member, length)`` of the policy's linked lists.
+        packed: PrefixShield's packed state buffer (uint8).
+        debt_log: PrefixShield's debt log (its columns are appended to in place; the loop's
+            counters are written back to it).
+        quota: StaticQuota's per-group quota (blocks).
+        quota_state: StaticQuota's ``(owner, occupancy)``.
+        s3_state: S3-FIFO's ``(freq, in_use, key, cnt, params, gkeys, gtab, gpos)``.
+        ghost_slack: S3-FIFO's ghost slack going in (the loop's value comes back through
+            [`Policy.fused_done`][prefixshield.policies.base.Policy.fused_done]).
+    """
+
+    kernels: str
+    lists: tuple = ()
+    packed: np.ndarray | None = None
+    debt_log: Any = None
+    quota: int = 0
+    quota_state: tuple = ()
+    s3_state: tuple = ()
+    ghost_slack: int = 0
 
 
 class Policy(ABC):
@@ -129,6 +162,17 @@ class Policy(ABC):
     def check_invariants(self) -> None:
         """Raise ``AssertionError`` naming the first broken policy invariant. The pool's own
         invariants are checked by the pool; this hook is for what only the policy knows."""
+
+    def fused_arrays(self) -> FusedArrays | None:
+        """The state the fused engine loop runs this policy's events on (`FusedArrays`), or
+        None: the policy has no compiled form there and its runs take the per-step path.
+        Default: None. The engine asks only an exactly registered class (a subclass may change
+        an event the kernels would not see)."""
+        return None
+
+    def fused_done(self, ghost_slack: int) -> None:
+        """After a fused loop call: the scalar state the loop kept for the policy (S3-FIFO's
+        ghost slack). Default: nothing to keep."""
 
 
 PolicyFactory = Callable[..., Policy]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from prefixshield.policies.base import Policy, register_policy
+from prefixshield.policies.base import FusedArrays, Policy, register_policy
 from prefixshield.policies.kernels import hashtable as ht
 from prefixshield.policies.kernels import linkedlist as ll
 
@@ -203,6 +203,11 @@ class LRUPolicy(Policy):
         q = self._queue
         ll.push_tail(q.prev, q.nxt, q.member, q.length, q.num_blocks, 0,
                      np.arange(1, self.num_blocks, dtype=np.int32))
+
+    def fused_arrays(self) -> FusedArrays:
+        """vLLM's free queue: the loop's ``lru`` kernels on its linked list."""
+        q = self._queue
+        return FusedArrays("lru", lists=(q.prev, q.nxt, q.member, q.length))
 
     def on_release(self, blocks: np.ndarray, cached: np.ndarray, now: float) -> None:
         """Free ``blocks`` (vLLM's free order): ``"current"`` puts those without a hash at the

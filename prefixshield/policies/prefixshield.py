@@ -89,7 +89,7 @@ from typing import Sequence
 
 import numpy as np
 
-from prefixshield.policies.base import Policy, register_policy
+from prefixshield.policies.base import FusedArrays, Policy, register_policy
 from prefixshield.policies.kernels import prefixshield_kernels as K
 from prefixshield.policies.kernels.hashtable import new_table, table_bits
 from prefixshield.policies.kernels.linkedlist import list_to_array
@@ -263,10 +263,6 @@ class PrefixShieldPolicy(Policy):
         self._bound = False
         self._build(0, [])
 
-    # per-block fields (and the global lists) survive a rebuild of the buffer at bind_tenants
-    _PER_BLOCK = ("owner", "contract", "prefix", "klass", "cached", "seq", "hits", "gprev",
-                  "gnxt", "gmember", "glen")
-
     def _build(self, G: int, contracts: Sequence[Contract]) -> None:
         """(Re)build the packed state for ``G`` groups and ``contracts``: buckets full, counters,
         history and group lists empty; per-block state and the global lists kept (all blocks but
@@ -310,7 +306,7 @@ class PrefixShieldPolicy(Policy):
             a["gmember"][1:] = K.TRULY_FREE
             a["glen"][K.TRULY_FREE] = N - 1
         else:
-            for name in self._PER_BLOCK:
+            for name in K.PER_BLOCK:  # per-block fields and the global lists survive
                 a[name][...] = old.arrays[name]
             ctl[K.C_SEQ] = old.arrays["ctl"][K.C_SEQ]
         for lst in range(K.NUM_CLASSES * G):
@@ -326,25 +322,13 @@ class PrefixShieldPolicy(Policy):
         self.debt_log = DebtLog(self.max_debt_samples, G * K.NUM_CLASSES)
         self._connect_select()
 
-    _VIEWS = (("owner", "owner"), ("contract", "contract"), ("prefix", "prefix"),
-              ("klass", "klass"), ("cached", "cached"), ("seq", "seq"), ("hits", "hits"),
-              ("rho", "rho"), ("beta", "beta"), ("w", "weight"), ("bal", "balance"),
-              ("t0", "t0"), ("charged", "charged"), ("materialized", "materialized"),
-              ("cls_count", "class_count"), ("granted", "granted"), ("gated", "gated"),
-              ("in_debt", "in_debt"), ("evictions", "evictions"),
-              ("evicted_class", "evicted_class"), ("uncharged", "uncharged"), ("P", "_P"),
-              ("ub", "_ub"), ("heap", "_heap"),
-              ("glen", "_glen"), ("gnxt", "_gnxt"), ("gmember", "_gmember"), ("qnxt", "_qnxt"),
-              ("qlen", "_qlen"), ("ctl", "_ctl"), ("fctl", "_fctl"))
-    """(field, attribute): the numpy views of the packed state the Python side reads."""
-
     def _attach(self, buffer: np.ndarray | None) -> None:
         """Views, addresses and the selection entry over packed state ``buffer`` (None: a new,
         zeroed one) of layout ``self._layout``."""
         self._packed = packed = Packed(K.layout(*self._layout), buffer)
         self._state = packed.buffer
         self._history_start = min(packed.offsets[f] for f in K.HISTORY_FIELDS)
-        for name, attr in self._VIEWS:
+        for name, attr in K.VIEWS:
             setattr(self, attr, packed.arrays[name])
         # the selection fast path: scalar arguments only (see select_victims); the addresses
         # are of arrays this object holds
@@ -361,7 +345,7 @@ class PrefixShieldPolicy(Policy):
     def __getstate__(self) -> dict:
         """Pickle/deepcopy: the buffer and the plain attributes (views, addresses and the
         compiled entry are rebuilt over the copy's own buffer)."""
-        derived = {attr for _, attr in self._VIEWS} | {
+        derived = {attr for _, attr in K.VIEWS} | {
             "_packed", "_state_addr", "_state_nbytes", "_select_at", "_out", "_out_addr",
             "_out_off", "_history_start", "_ledger", "_replica"}
         return {k: v for k, v in self.__dict__.items() if k not in derived}
@@ -476,6 +460,10 @@ class PrefixShieldPolicy(Policy):
             return
         K.hit(self._state, np.asarray(blocks, dtype=np.int32), group, contract,
               self.prefix_key(prefix_id, root), now)
+
+    def fused_arrays(self) -> FusedArrays:
+        """The loop's ``prefixshield`` kernels on the packed state and the debt log."""
+        return FusedArrays("prefixshield", packed=self._state, debt_log=self.debt_log)
 
     def on_release(self, blocks: np.ndarray, cached: np.ndarray, now: float) -> None:
         """``blocks`` became free in vLLM's free order; cached ones become candidates at the

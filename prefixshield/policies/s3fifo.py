@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from prefixshield.policies.base import Policy, register_policy
+from prefixshield.policies.base import FusedArrays, Policy, register_policy
 from prefixshield.policies.kernels import s3fifo_kernels as k
 from prefixshield.policies.kernels.linkedlist import LinkedLists
 
@@ -164,6 +164,19 @@ class S3FIFOPolicy(Policy):
         self._ghost_slack = 0  # keys the last allocation appended untrimmed (see kernels doc)
 
     # -- pool interface -------------------------------------------------------------------------
+
+    def fused_arrays(self) -> FusedArrays:
+        """The loop's ``s3fifo`` kernels on its lists (truly free, small, main), counters,
+        parameters and ghost."""
+        q = self._lists
+        return FusedArrays("s3fifo", lists=(q.prev, q.nxt, q.member, q.length),
+                           s3_state=(self._freq, self._in_use, self._key, self._cnt,
+                                     self._params, self._gkeys, self._gtab, self._gpos),
+                           ghost_slack=self._ghost_slack)
+
+    def fused_done(self, ghost_slack: int) -> None:
+        """The ghost slack the loop's last allocation left (see the kernels' docstring)."""
+        self._ghost_slack = int(ghost_slack)
 
     def on_release(self, blocks: np.ndarray, cached: np.ndarray, now: float) -> None:
         """Unpin ``blocks``: cached ones stay where they are in small/main; the others join the

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from prefixshield.policies.base import Policy, register_policy
+from prefixshield.policies.base import FusedArrays, Policy, register_policy
 from prefixshield.policies.kernels import linkedlist as ll
 
 # list 0: truly free blocks (LIFO at the head, like vLLM's unhashed blocks); list 1+g: group g's
@@ -96,6 +96,13 @@ class StaticQuotaPolicy(Policy):
                      np.arange(1, self.num_blocks, dtype=np.int32))
         self.owner = np.full(self.num_blocks, -1, dtype=np.int32)
         self.occupancy = np.zeros(len(self.groups), dtype=np.int64)
+
+    def fused_arrays(self) -> FusedArrays:
+        """The loop's ``static_quota`` kernels on its lists (truly free, then one per group),
+        owners, occupancy and quota."""
+        q = self._lists
+        return FusedArrays("static_quota", lists=(q.prev, q.nxt, q.member, q.length),
+                           quota=self.quota, quota_state=(self.owner, self.occupancy))
 
     def on_release(self, blocks: np.ndarray, cached: np.ndarray, now: float) -> None:
         q = self._lists

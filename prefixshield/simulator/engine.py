@@ -13,8 +13,9 @@ The scheduler follows vLLM v1's ``Scheduler.schedule``:
 
 That is vLLM's default scheduling (``EngineConfig.scheduler`` = FCFS without limits). Another
 scheduler (`prefixshield.scheduling`: ``priority``, ``vtc``, ``kvtc``) chooses the waiting
-order and the preemption victim, and per-tenant limits hold requests back; those runs take the
-per-step batched path (or the step-by-step one), where ``Engine.scheduler`` is called.
+order and the preemption victim, and per-tenant limits hold requests back; the step-by-step and
+per-step batched paths call ``Engine.scheduler``'s methods, and the fused loop its compiled
+form (`prefixshield.scheduling.kernels`), with the same decisions.
 
 Every path records, per request, the first admission time, the prefix cached at arrival and
 the KV block-seconds its block table held, and per group the blocks held by running requests
@@ -291,8 +292,8 @@ class Engine:
         self.output_tokens = capped_outputs(self.scheduler.limits, self.group_id,
                                             self.output_tokens)
         # Schedulers other than vLLM's default FCFS without limits order, preempt and admit
-        # through self.scheduler (the step-by-step and per-step batched paths; not the fused
-        # loop, which is vLLM's FCFS compiled).
+        # through self.scheduler (the step-by-step and per-step batched paths) or its compiled
+        # form (the fused loop); vLLM's default takes the paths' own FIFO.
         self.scheduled_by_policy = not config.scheduler.is_default
         # Row access through pandas costs tens of microseconds; the arrival path reads these.
         self._segment_ids = df["segment_ids"].tolist()
@@ -1145,20 +1146,20 @@ class Engine:
     """Rows of the fused loop's first occupancy and creation buffers; None sizes them from the
     trace (they grow when a step might not fit)."""
 
-    FUSED_POLICIES = {"lru": fz.POLICY_LRU, "prefixshield": fz.POLICY_PREFIXSHIELD,
-                      "static_quota": fz.POLICY_STATIC_QUOTA, "s3fifo": fz.POLICY_S3FIFO}
-    """The registered policies the fused loop drives (name -> its ``ctl[POLICY]`` code); by name,
-    so that the engine imports no policy module a run does not use."""
+    FUSED_POLICIES = tuple(fz.KERNELS)
+    """The kernel sets of the fused loop (`fused.KERNELS`): an exactly registered policy
+    whose [`fused_arrays`][prefixshield.policies.base.Policy.fused_arrays] names one runs
+    there (the registered ``lru``, ``prefixshield``, ``static_quota`` and ``s3fifo``)."""
 
     def fused_applies(self) -> bool:
         """Whether `run` (without ``observe``) takes the fused loop: ``batched`` and
-        ``fused`` are set, the policy is exactly the registered class of one of
-        `FUSED_POLICIES` (the kernel drives their state through their own event kernels;
-        a subclass may change an event), the cost model is exactly `CostModel` (the
-        kernel evaluates its formula), the scheduler is vLLM's default or exactly one of the
-        registered classes of `FUSED_KINDS <prefixshield.scheduling.kernels.FUSED_KINDS>`
-        (their compiled form is in `prefixshield.scheduling.kernels`) and the arrivals are the
-        trace's own
+        ``fused`` are set, the policy is exactly a registered class and gives its
+        [`fused_arrays`][prefixshield.policies.base.Policy.fused_arrays] (the kernels drive its
+        state through its own event kernels; a subclass may change an event), the cost model
+        is exactly `CostModel` (the kernel evaluates its formula), the scheduler is
+        vLLM's default or exactly one of the registered classes of
+        [`FUSED_KINDS`][prefixshield.scheduling.kernels.FUSED_KINDS] (their compiled form is in
+        `prefixshield.scheduling.kernels`) and the arrivals are the trace's own
         ([`TraceArrivals`][prefixshield.simulator.arrivals.TraceArrivals]: the loop reads them up
         front). The trace's length does not matter: the hashes and block tables are held a
         window at a time (`FUSED_WINDOW_HASHES`)."""
@@ -1167,14 +1168,19 @@ class Engine:
                 and type(self.arrivals) is TraceArrivals and self._fused_policy() is not None
                 and type(self.cost) is CostModel)
 
-    def _fused_policy(self) -> str | None:
-        """The policy's name if the fused loop drives it (its exact registered class), else
-        None. (Its module is loaded already: looking it up imports nothing.)"""
-        cls = type(self.pool.policy)
+    def _fused_policy(self):
+        """The policy's [`FusedArrays`][prefixshield.policies.base.FusedArrays] if the fused
+        loop drives it (its exact registered class, naming one of `FUSED_POLICIES`),
+        else None. (Its module is loaded already: looking it up imports nothing.)"""
+        policy = self.pool.policy
+        cls = type(policy)
         name = getattr(cls, "name", None)
-        if name in self.FUSED_POLICIES and POLICIES[name] is cls:
-            return name
-        return None
+        if name not in POLICIES or POLICIES[name] is not cls:
+            return None
+        arrays = policy.fused_arrays()
+        if arrays is None or arrays.kernels not in fz.KERNELS:
+            return None
+        return arrays
 
     def _run_fused(self) -> None:
         """The whole run in `fused.run_loop` calls: one, or one per step when
@@ -1331,10 +1337,8 @@ class Engine:
         """The policy's arrays as `fused.run_loop` takes them, ``(lists, ps, quota_state,
         s3_state, log)`` (arrays a policy does not use are empty; ``log``: PrefixShield's debt
         log, else None); sets ``ctl``'s policy slots."""
-        pool = self.pool
-        # the policy's state: arrays it does not use are empty
-        policy = pool.policy
-        # (same dtypes as the real ones: one compiled loop serves every policy)
+        # the policy's state (`Policy.fused_arrays`): arrays it does not use are empty, of the
+        # same dtypes as the real ones (one compiled loop serves every policy)
         lists = (np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32),
                  np.zeros(0, dtype=np.int32), np.zeros(1, dtype=np.int64))
         ps = np.zeros(0, dtype=np.uint8)
@@ -1343,26 +1347,16 @@ class Engine:
                     np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64),
                     np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.uint64),
                     np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int64))
-        log = None
-        name = self._fused_policy()
-        ctl[fz.POLICY] = self.FUSED_POLICIES[name]
-        if name == "lru":
-            q = policy._queue
-            lists = (q.prev, q.nxt, q.member, q.length)
-        elif name == "static_quota":
-            ctl[fz.QUOTA] = policy.quota
-            q = policy._lists
-            lists = (q.prev, q.nxt, q.member, q.length)
-            quota_state = (policy.owner, policy.occupancy)
-        elif name == "s3fifo":
-            q = policy._lists
-            lists = (q.prev, q.nxt, q.member, q.length)
-            s3_state = (policy._freq, policy._in_use, policy._key, policy._cnt, policy._params,
-                        policy._gkeys, policy._gtab, policy._gpos)
-            ctl[fz.S3_GHOST_SLACK] = policy._ghost_slack
-        else:  # prefixshield
-            ps = policy._state
-            log = policy.debt_log
+        arrays = self._fused_policy()
+        ctl[fz.POLICY] = fz.KERNELS[arrays.kernels]
+        ctl[fz.QUOTA] = arrays.quota
+        ctl[fz.S3_GHOST_SLACK] = arrays.ghost_slack
+        lists = arrays.lists or lists
+        ps = ps if arrays.packed is None else arrays.packed
+        quota_state = arrays.quota_state or quota_state
+        s3_state = arrays.s3_state or s3_state
+        log = arrays.debt_log
+        if log is not None:
             ctl[fz.MAX_SAMPLES] = log.max_samples
             # room for the first step's samples (run_loop asks for more, as for the buffers)
             log.reserve(self._run_ids.shape[0])
@@ -1404,8 +1398,7 @@ class Engine:
                            (occ_t, occ, cre_t, *cre, self.kv.held, held_t, held_rows))
         if log is not None:
             log.size, log.stride, log.num_charges = (int(x) for x in log_meta)
-        if ctl[fz.POLICY] == fz.POLICY_S3FIFO:
-            pool.policy._ghost_slack = int(ctl[fz.S3_GHOST_SLACK])
+        pool.policy.fused_done(int(ctl[fz.S3_GHOST_SLACK]))
         return code
 
     def _oldest_live(self, ctl: np.ndarray, queue: tuple) -> int:

@@ -19,9 +19,13 @@ What it models, decision for decision the same as the step-by-step oracle
   at ``now + delay``; an arrival's delay is ``arrival_s - now``. A wake-up (``succeed``) is
   scheduled at the arrival's time, after the arrivals of that instant were appended.
 * **The scheduler iteration** of `Engine._step` (running requests first with preemption of
-  the newest, then FCFS admissions with head-of-line blocking, the token budget, full-prompt
-  reservation), over the struct-of-arrays batch of `batch`
-  (whose kernels it calls) instead of `Sequence` objects.
+  the scheduler's victim, then admissions in the scheduler's order with head-of-line blocking
+  and per-tenant limits, the token budget, full-prompt reservation), over the struct-of-arrays
+  batch of `batch` (whose kernels it calls) instead of `Sequence` objects. vLLM's default
+  scheduling (FCFS without limits) is the loop's own ring of waiting ids; ``priority``, ``vtc``,
+  ``kvtc`` and any limit go through the schedulers' compiled queues, victims and counters
+  (`prefixshield.scheduling.kernels`), including VTC's rule of ending a decode jump before the
+  step the next arrival falls in.
 * **The cache manager and block pool** (``get_computed_blocks``, ``allocate_slots``, ``free``)
   through the pool's own kernels (``_find_hits``, ``_touch``, ``_claim``, ``_cache``,
   ``_release``), on the pool's arrays in place, calling the policy's events where
@@ -207,6 +211,12 @@ POLICY_S3FIFO = 3
 """S3-FIFO's lists (``prev`` .. ``length``: truly free, small, main) and its own arrays
 (``s3_freq`` .. ``s3_gpos``: freq, pinned flags, keys, counters, parameters, ghost ring, ghost
 table, ghost positions), through its own event kernels (compiled without numba's runtime)."""
+
+
+KERNELS = {"lru": POLICY_LRU, "prefixshield": POLICY_PREFIXSHIELD,
+           "static_quota": POLICY_STATIC_QUOTA, "s3fifo": POLICY_S3FIFO}
+"""The loop's kernel sets by the name a policy's
+[`FusedArrays.kernels`][prefixshield.policies.base.FusedArrays] gives (-> ``ctl[POLICY]``)."""
 
 
 # fctl slots (float64).
@@ -506,7 +516,7 @@ def run_loop(ctl, fctl, req, win, rec, batch, sch, scr, pool, pol, series):
       (``min(max_num_seqs, n) + 1`` each), the ring buffer of waiting ids (``n + 1``) of
       vLLM's default scheduling.
     * ``sch``: the scheduler's state (`prefixshield.scheduling.kernels.fused_state`); its kind
-      `KIND_NONE <prefixshield.scheduling.kernels.KIND_NONE>` is vLLM's default
+      [`KIND_NONE`][prefixshield.scheduling.kernels.KIND_NONE] is vLLM's default
       (FCFS without limits), which the ring serves; any other kind keeps the waiting
       requests, the victims, the limits and the counters in it.
     * ``scr``: per-block scratch ``(hits, victims, evicted, was_free, freed, cached, order)``.

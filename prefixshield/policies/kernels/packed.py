@@ -3,11 +3,12 @@
 numba unboxes every array argument of a call from Python (about 150 ns each on the development
 machine): a kernel with 30 state arrays pays ~4 µs before its first instruction, more than the
 work of selecting one victim. A `Packed` keeps every array of a policy in one uint8
-buffer, behind a header of ``(byte offset, element count)`` pairs (int64, one pair per field);
-the policy keeps numpy views of the fields for Python code, and a kernel rebuilds its arrays
-from the buffer with `field` (an unmanaged array over the buffer's memory, built in place
-by the `_view` intrinsic: no allocation, no reference counting, and usable in kernels
-compiled with ``_nrt=False``), so it is called with the buffer alone. (A numba ``StructRef`` or
+buffer, behind a header of ``(byte offset, rows, columns)`` triples (int64, one per field; a
+1-D field has one column); the policy keeps numpy views of the fields for Python code, and a
+kernel rebuilds its arrays from the buffer with `field` / `field2d`, or all of them at
+once as one named tuple with `views` (unmanaged arrays over the buffer's memory, built in
+place by intrinsics: no allocation, no reference counting, and usable in kernels compiled with
+``_nrt=False``), so it is called with the buffer alone. (A numba ``StructRef`` or
 jitclass holding the arrays measured slower than a few array arguments here: ~1.4-1.7 µs per
 call.)
 
@@ -26,8 +27,11 @@ from numba.core import cgutils
 from numba.core.typing import signature
 from numba.extending import intrinsic
 from numba.np.arrayobj import np_cfarray
+from numba.np.numpy_support import from_dtype
 
 _ALIGN = 8
+_HEADER = 3
+"""int64 words of header per field: byte offset, rows, columns."""
 
 
 @intrinsic
@@ -128,17 +132,58 @@ def entry_point(dispatcher, *args):
 
 @njit(cache=True, inline="always")
 def field(buf, i, dtype):
-    """Field ``i`` of the packed buffer ``buf`` as a 1-D C array of ``dtype`` (a view)."""
-    hdr = _view(_byte_address(buf, 0), 2 * (i + 1), np.int64)
-    return _view(_byte_address(buf, hdr[2 * i]), hdr[2 * i + 1], dtype)
+    """Field ``i`` of the packed buffer ``buf`` (1-D) as a C array of ``dtype`` (a view)."""
+    hdr = _view(_byte_address(buf, 0), _HEADER * (i + 1), np.int64)
+    return _view(_byte_address(buf, hdr[_HEADER * i]), hdr[_HEADER * i + 1], dtype)
 
 
 @njit(cache=True, inline="always")
-def field2d(buf, i, rows, cols, dtype):
-    """Field ``i`` of the packed buffer ``buf`` as a ``rows x cols`` C array of ``dtype`` (a
-    view; the field holds ``rows * cols`` elements)."""
-    hdr = _view(_byte_address(buf, 0), 2 * (i + 1), np.int64)
-    return _view(_byte_address(buf, hdr[2 * i]), (rows, cols), dtype)
+def field2d(buf, i, dtype):
+    """Field ``i`` of the packed buffer ``buf`` (2-D) as a C array of ``dtype`` in its shape
+    (a view)."""
+    hdr = _view(_byte_address(buf, 0), _HEADER * (i + 1), np.int64)
+    return _view(_byte_address(buf, hdr[_HEADER * i]),
+                 (hdr[_HEADER * i + 1], hdr[_HEADER * i + 2]), dtype)
+
+
+def views(record: type, fields: Sequence[tuple[np.dtype, int]]):
+    """An intrinsic ``views(buf)`` that returns every field of a packed buffer at once, as an
+    instance of the named tuple class ``record`` (one name per field, in header order), each a
+    C array view of its ``(dtype, ndim)`` in ``fields`` (``ndim`` 1 or 2) in the shape the header
+    gives. For a kernel to read a whole packed state with one call, its dtypes declared in one
+    table (`Packed`'s ``fields`` carry the same dtypes and the shapes)."""
+    arrtys = [types.Array(from_dtype(np.dtype(dtype)), ndim, "C") for dtype, ndim in fields]
+    if any(a.ndim not in (1, 2) for a in arrtys) or len(arrtys) != len(record._fields):
+        raise ValueError("views: one field of 1 or 2 dimensions per name of the record")
+    retty = types.NamedTuple(arrtys, record)
+    i64 = ir.IntType(64)
+    pair = types.UniTuple(types.intp, 2)
+
+    @intrinsic
+    def _views(typingctx, buf):
+        if not (isinstance(buf, types.Array) and buf.dtype == types.uint8):
+            return None
+
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, args[0])
+            base = builder.ptrtoint(ary.data, cgutils.intp_t)
+            hdr = builder.bitcast(ary.data, i64.as_pointer())
+            out = []
+            for i, arrty in enumerate(arrtys):
+                off, rows, cols = (builder.load(builder.gep(hdr, [i64(_HEADER * i + k)]))
+                                   for k in range(_HEADER))
+                ptr = builder.inttoptr(builder.add(base, off), cgutils.voidptr_t)
+                if arrty.ndim == 1:
+                    shapety, shape = types.intp, rows
+                else:
+                    shapety, shape = pair, context.make_tuple(builder, pair, [rows, cols])
+                out.append(np_cfarray(context, builder, signature(arrty, types.voidptr, shapety),
+                                      [ptr, shape]))
+            return context.make_tuple(builder, retty, out)
+
+        return retty(buf), codegen
+
+    return _views
 
 
 class Packed:
@@ -146,7 +191,8 @@ class Packed:
 
     Args:
         fields: ``(name, dtype, shape)`` per field, in header order (field ``i`` is read by
-            ``field(buf, i, dtype)`` in kernels). Arrays start zeroed.
+            ``field(buf, i, dtype)`` in kernels, or `views`); shapes of 1 or 2
+            dimensions. Arrays start zeroed.
         buffer: an existing buffer of this layout to view instead (a copy's, after unpickling).
 
     Attributes:
@@ -157,9 +203,11 @@ class Packed:
 
     def __init__(self, fields: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
                  buffer: np.ndarray | None = None) -> None:
-        pos = 16 * len(fields)
+        pos = 8 * _HEADER * len(fields)
         layout = []
         for name, dtype, shape in fields:
+            if len(shape) not in (1, 2):
+                raise ValueError(f"packed field {name!r}: 1 or 2 dimensions, got {shape}")
             dtype = np.dtype(dtype)
             count = int(np.prod(shape, dtype=np.int64))
             pos = -(-pos // _ALIGN) * _ALIGN
@@ -171,12 +219,13 @@ class Packed:
         elif buffer.dtype != np.uint8 or buffer.shape != (size,) or not buffer.flags.c_contiguous:
             raise ValueError(f"a packed buffer of this layout is {size} contiguous bytes")
         self.buffer = buffer
-        hdr = self.buffer[:16 * len(fields)].view(np.int64)
+        hdr = self.buffer[:8 * _HEADER * len(fields)].view(np.int64)
         self.arrays: dict[str, np.ndarray] = {}
         self.offsets: dict[str, int] = {}
         for i, (name, dtype, shape, off, count) in enumerate(layout):
-            hdr[2 * i] = off
-            hdr[2 * i + 1] = count
+            hdr[_HEADER * i] = off
+            hdr[_HEADER * i + 1] = shape[0]
+            hdr[_HEADER * i + 2] = shape[1] if len(shape) == 2 else 1
             nbytes = count * dtype.itemsize
             self.arrays[name] = self.buffer[off:off + nbytes].view(dtype).reshape(shape)
             self.offsets[name] = off

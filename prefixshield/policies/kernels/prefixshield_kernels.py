@@ -2,8 +2,9 @@
 
 Every public event kernel here is one call per policy event (``on_materialize``, ``on_hit``,
 ``on_release``, ``on_acquire``, ``select_victims``) and takes the policy's whole state as one
-uint8 buffer (`Packed`, fields listed in
-`FIELDS`; `state` rebuilds the arrays from it without allocating), so a call from
+uint8 buffer (`Packed`, every field declared once in
+`SPEC`: name, dtype, shape, the policy's view of it; `state` rebuilds the arrays from it
+without allocating), so a call from
 Python unboxes one array instead of thirty. The formulas live here once;
 `prefixshield.policies.prefixshield` only builds the buffer and calls these.
 
@@ -77,8 +78,7 @@ from prefixshield.policies.kernels.linkedlist import insert_after as _insert_aft
 from prefixshield.policies.kernels.linkedlist import push_tail_one as _push_tail1
 from prefixshield.policies.kernels.linkedlist import unlink_one as _unlink1
 from prefixshield.policies.kernels.packed import at_address as _at_address
-from prefixshield.policies.kernels.packed import field as _field
-from prefixshield.policies.kernels.packed import field2d as _field2d
+from prefixshield.policies.kernels.packed import views
 from prefixshield.policies.kernels.packed import prefetch as _prefetch
 
 PROBATIONARY = 0
@@ -129,46 +129,83 @@ F_PRUNE_CLOCK = 1    # latest clock at which a debtor was dropped (-inf: none ye
 F_CLOCK = 2          # latest clock seen (s)
 NUM_FCTL = 3
 
-State = namedtuple("State", [
-    "ctl", "fctl",
-    "owner", "contract", "prefix", "klass", "cached", "seq", "hits",
-    "gprev", "gnxt", "gmember", "glen", "qprev", "qnxt", "qlen",
-    "rho", "beta", "w", "bal", "t0", "charged", "materialized", "cls_count", "granted", "gated",
-    "in_debt", "evictions", "evicted_class", "P", "ub", "heap", "debtors", "dpos", "utree",
-    "uncharged", "hkey_g", "hkey_p", "hprev", "hnxt", "htab"])
-"""The arrays of the packed state, in field order (see the module docstring)."""
+FieldSpec = namedtuple("FieldSpec", ["name", "dtype", "shape", "attr", "per_block"])
+"""One field of the packed state: its name, dtype, shape (a function of the sizes ``N`` blocks,
+``G`` groups, ``C`` contracts, ``H`` history entries, ``T`` history table slots), the
+attribute name of its numpy view on the policy (None: kernels only) and whether it is
+per-block state that survives a rebuild of the buffer at ``bind_tenants``."""
 
-FIELDS = State._fields
-HISTORY_FIELDS = ("hkey_g", "hkey_p", "hprev", "hnxt", "htab")
+
+def _f(name, dtype, shape, attr=None, per_block=False):
+    return FieldSpec(name, dtype, shape, attr, per_block)
+
+
+# The packed state, declared once: the header order (field i), dtypes and shapes of `layout`,
+# the kernels' `State` views, the policy's numpy views and what a rebuild keeps.
+SPEC = (
+    _f("ctl", np.int64, lambda N, G, C, H, T: (NUM_CTL,), "_ctl"),
+    _f("fctl", np.float64, lambda N, G, C, H, T: (NUM_FCTL,), "_fctl"),
+    _f("owner", np.int16, lambda N, G, C, H, T: (N,), "owner", True),
+    _f("contract", np.int16, lambda N, G, C, H, T: (N,), "contract", True),
+    _f("prefix", np.int64, lambda N, G, C, H, T: (N,), "prefix", True),
+    _f("klass", np.int8, lambda N, G, C, H, T: (N,), "klass", True),
+    _f("cached", np.bool_, lambda N, G, C, H, T: (N,), "cached", True),
+    _f("seq", np.int32, lambda N, G, C, H, T: (N,), "seq", True),
+    _f("hits", np.int32, lambda N, G, C, H, T: (N,), "hits", True),
+    _f("gprev", np.int32, lambda N, G, C, H, T: (N + 2 * NUM_GLOBAL_LISTS,), None, True),
+    _f("gnxt", np.int32, lambda N, G, C, H, T: (N + 2 * NUM_GLOBAL_LISTS,), "_gnxt", True),
+    _f("gmember", np.int8, lambda N, G, C, H, T: (N,), "_gmember", True),
+    _f("glen", np.int64, lambda N, G, C, H, T: (NUM_GLOBAL_LISTS,), "_glen", True),
+    _f("qprev", np.int32, lambda N, G, C, H, T: (N + 2 * NUM_CLASSES * G,)),
+    _f("qnxt", np.int32, lambda N, G, C, H, T: (N + 2 * NUM_CLASSES * G,), "_qnxt"),
+    _f("qlen", np.int64, lambda N, G, C, H, T: (NUM_CLASSES * G,), "_qlen"),
+    _f("rho", np.float64, lambda N, G, C, H, T: (C,), "rho"),
+    _f("beta", np.float64, lambda N, G, C, H, T: (C,), "beta"),
+    _f("w", np.float64, lambda N, G, C, H, T: (C,), "weight"),
+    _f("bal", np.float64, lambda N, G, C, H, T: (G, C), "balance"),
+    _f("t0", np.float64, lambda N, G, C, H, T: (G, C), "t0"),
+    _f("charged", np.int64, lambda N, G, C, H, T: (G, C), "charged"),
+    _f("materialized", np.int64, lambda N, G, C, H, T: (G,), "materialized"),
+    _f("cls_count", np.int64, lambda N, G, C, H, T: (G, NUM_CLASSES), "class_count"),
+    _f("granted", np.int64, lambda N, G, C, H, T: (G,), "granted"),
+    _f("gated", np.int64, lambda N, G, C, H, T: (G,), "gated"),
+    _f("in_debt", np.int64, lambda N, G, C, H, T: (G,), "in_debt"),
+    _f("evictions", np.int64, lambda N, G, C, H, T: (G, G + 1), "evictions"),
+    _f("evicted_class", np.int64, lambda N, G, C, H, T: (G + 1, NUM_CLASSES), "evicted_class"),
+    _f("P", np.float64, lambda N, G, C, H, T: (G,), "_P"),
+    _f("ub", np.float64, lambda N, G, C, H, T: (G,), "_ub"),
+    _f("heap", np.int32, lambda N, G, C, H, T: (G,), "_heap"),
+    _f("debtors", np.int32, lambda N, G, C, H, T: (G,)),
+    _f("dpos", np.int32, lambda N, G, C, H, T: (G,)),
+    _f("utree", np.float64, lambda N, G, C, H, T: (2 * G,)),
+    _f("uncharged", np.int64, lambda N, G, C, H, T: (G,), "uncharged"),
+    # the admission history, last: selection never reads it (`free_order` copies the buffer
+    # up to it)
+    _f("hkey_g", np.int16, lambda N, G, C, H, T: (H,)),
+    _f("hkey_p", np.int64, lambda N, G, C, H, T: (H,)),
+    _f("hprev", np.int32, lambda N, G, C, H, T: (H + 2,)),
+    _f("hnxt", np.int32, lambda N, G, C, H, T: (H + 2,)),
+    _f("htab", np.int32, lambda N, G, C, H, T: (T,)),
+)
+"""Every field of the packed state, in header order (see `FieldSpec` and the module
+docstring)."""
+
+FIELDS = tuple(f.name for f in SPEC)
+State = namedtuple("State", FIELDS)
+"""The arrays of the packed state, in field order: what `state` returns in a kernel."""
+HISTORY_FIELDS = FIELDS[FIELDS.index("hkey_g"):]
 """The last fields of the buffer: selection never reads them (`free_order` copies the
 buffer up to them)."""
+PER_BLOCK = tuple(f.name for f in SPEC if f.per_block)
+"""Per-block fields (and the global lists): they survive a rebuild at ``bind_tenants``."""
+VIEWS = tuple((f.name, f.attr) for f in SPEC if f.attr is not None)
+"""(field, attribute): the numpy views of the packed state the policy's Python side reads."""
 
 
 def layout(N: int, G: int, C: int, H: int, hbits: int) -> list[tuple[str, type, tuple]]:
     """``(name, dtype, shape)`` of every field, in `FIELDS` order, for
     `Packed`."""
-    shapes = {
-        "ctl": (np.int64, (NUM_CTL,)), "fctl": (np.float64, (NUM_FCTL,)),
-        "owner": (np.int16, (N,)), "contract": (np.int16, (N,)), "prefix": (np.int64, (N,)),
-        "klass": (np.int8, (N,)), "cached": (np.bool_, (N,)), "seq": (np.int32, (N,)),
-        "hits": (np.int32, (N,)),
-        "gprev": (np.int32, (N + 2 * NUM_GLOBAL_LISTS,)),
-        "gnxt": (np.int32, (N + 2 * NUM_GLOBAL_LISTS,)),
-        "gmember": (np.int8, (N,)), "glen": (np.int64, (NUM_GLOBAL_LISTS,)),
-        "qprev": (np.int32, (N + 2 * NUM_CLASSES * G,)),
-        "qnxt": (np.int32, (N + 2 * NUM_CLASSES * G,)), "qlen": (np.int64, (NUM_CLASSES * G,)),
-        "rho": (np.float64, (C,)), "beta": (np.float64, (C,)), "w": (np.float64, (C,)),
-        "bal": (np.float64, (G, C)), "t0": (np.float64, (G, C)), "charged": (np.int64, (G, C)),
-        "materialized": (np.int64, (G,)), "cls_count": (np.int64, (G, NUM_CLASSES)),
-        "granted": (np.int64, (G,)), "gated": (np.int64, (G,)), "in_debt": (np.int64, (G,)),
-        "evictions": (np.int64, (G, G + 1)), "evicted_class": (np.int64, (G + 1, NUM_CLASSES)),
-        "P": (np.float64, (G,)), "ub": (np.float64, (G,)), "heap": (np.int32, (G,)),
-        "debtors": (np.int32, (G,)), "dpos": (np.int32, (G,)), "utree": (np.float64, (2 * G,)),
-        "uncharged": (np.int64, (G,)), "hkey_g": (np.int16, (H,)), "hkey_p": (np.int64, (H,)),
-        "hprev": (np.int32, (H + 2,)), "hnxt": (np.int32, (H + 2,)),
-        "htab": (np.int32, (1 << hbits,)),
-    }
-    return [(name, *shapes[name]) for name in FIELDS]
+    return [(f.name, f.dtype, f.shape(N, G, C, H, 1 << hbits)) for f in SPEC]
 
 
 def history_bits(H: int) -> int:
@@ -184,32 +221,14 @@ def history_bytes(H: int) -> int:
     return H * (2 + 8) + (H + 2) * 4 * 2 + (1 << history_bits(H)) * 4
 
 
+_views = views(State, [(f.dtype, len(f.shape(1, 1, 1, 1, 1))) for f in SPEC])
+
+
 @njit(cache=True, inline="always")
 def state(st):
-    """The `State` views of packed buffer ``st`` (no allocation)."""
-    ctl = _field(st, 0, np.int64)
-    G = ctl[C_G]
-    C = ctl[C_C]
-    return State(
-        ctl, _field(st, 1, np.float64),
-        _field(st, 2, np.int16), _field(st, 3, np.int16), _field(st, 4, np.int64),
-        _field(st, 5, np.int8), _field(st, 6, np.bool_), _field(st, 7, np.int32),
-        _field(st, 8, np.int32),
-        _field(st, 9, np.int32), _field(st, 10, np.int32), _field(st, 11, np.int8),
-        _field(st, 12, np.int64), _field(st, 13, np.int32), _field(st, 14, np.int32),
-        _field(st, 15, np.int64),
-        _field(st, 16, np.float64), _field(st, 17, np.float64), _field(st, 18, np.float64),
-        _field2d(st, 19, G, C, np.float64), _field2d(st, 20, G, C, np.float64),
-        _field2d(st, 21, G, C, np.int64), _field(st, 22, np.int64),
-        _field2d(st, 23, G, NUM_CLASSES, np.int64), _field(st, 24, np.int64),
-        _field(st, 25, np.int64), _field(st, 26, np.int64),
-        _field2d(st, 27, G, G + 1, np.int64),
-        _field2d(st, 28, G + 1, NUM_CLASSES, np.int64),
-        _field(st, 29, np.float64), _field(st, 30, np.float64), _field(st, 31, np.int32),
-        _field(st, 32, np.int32), _field(st, 33, np.int32), _field(st, 34, np.float64),
-        _field(st, 35, np.int64),
-        _field(st, 36, np.int16), _field(st, 37, np.int64), _field(st, 38, np.int32),
-        _field(st, 39, np.int32), _field(st, 40, np.int32))
+    """The `State` views of packed buffer ``st`` (no allocation), in the shapes its header
+    gives."""
+    return _views(st)
 
 
 # ----------------------------------------------------------------------------- block metadata
