@@ -105,7 +105,7 @@ def engine_loop(path: Path) -> None:
                "trace rows join the queue at their arrival_s;\n"
                "the prefix cached at arrival is recorded;\n"
                "an engine idle for want of work wakes", kind="source")
-    wq = _box(ax, 4.6, y, 3.7, h_top, "Waiting queue (FCFS)",
+    wq = _box(ax, 4.6, y, 3.7, h_top, "Waiting queue (FCFS, the default)",
               "in arrival order; a preempted request goes\n"
               "back to its head (recompute: its blocks\n"
               "stay cached)", kind="source")
