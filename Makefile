@@ -10,7 +10,7 @@ BIN010  := $(VENV010)/bin
 PIP010  := $(BIN010)/pip --disable-pip-version-check -q
 DEMO_OUT ?= demo-out
 
-.PHONY: demo test test-vllm010 docs bench install install-vllm install-vllm010 browser clean
+.PHONY: demo test test-vllm010 docs figures bench install install-vllm install-vllm010 browser clean
 
 # Core package + test tools (numpy, numba, simpy, pandas, pyarrow, click, rich, matplotlib, ...)
 # and Ray, so the executor tests run the Ray executor too.
@@ -97,6 +97,12 @@ test-vllm010: $(VENV010)/.vllm
 # The documentation site into site/; --strict: a broken link or a missing reference fails it.
 docs: $(VENV)/.docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# The site's figures into docs/figures/ (commit what changed): the two diagrams (matplotlib), and
+# the demo's comparison figure from a fresh `prefixshield run one_touch --policy all` (the demo's run).
+figures: $(VENV)/.core
+	$(BIN)/python docs/figures/diagrams.py
+	$(BIN)/python docs/figures/demo.py
 
 bench: $(VENV)/.vllm
 	$(BIN)/prefixshield bench
