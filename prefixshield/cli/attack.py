@@ -145,9 +145,14 @@ def _search_config(fn):
     [`SearchConfig`][prefixshield.experiments.attack_search.SearchConfig] once, from its search,
     budget, engine, load, scheduler and fleet options, and hand it to the command as one
     ``config`` argument (as `prefixshield.cli.common.run_options` hands ``run`` its
-    [`RunOptions`][prefixshield.experiments.options.RunOptions]); ``--out`` and the executor options pass through. Checks ``--budget``,
-    then the base fields (`_base`), then the config; a bad value is one line, naming its
-    option where the check is this module's. Apply under `_user_errors`."""
+    [`RunOptions`][prefixshield.experiments.options.RunOptions]); ``--out`` and the executor
+    options pass through. Checks ``--budget``, then the base fields (`_base`), then the
+    config; a bad value is one line, naming its option where the check is this module's.
+    Apply under `_user_errors`.
+
+    Not `run_options` itself: attack-search's options of the same names have their own
+    defaults and help (``--blocks`` 512, no ``auto``), and become a search's sweep fields
+    (``base``), not one run's engine."""
     @functools.wraps(fn)
     def wrapper(*args, policies, budget_items, trials, seeds, eval_seeds, objective, sampler,
                 sampler_seed, batch, warm_start, **kwargs):
