@@ -15,7 +15,8 @@ from _trace_helpers import FIXTURES, data_file, rows, write_text
 from prefixshield.traces import derive_sharegpt
 from prefixshield.traces.conversations import sharegpt_turns
 from prefixshield.traces.importers import (
-    estimate_tokens, import_azure, import_mooncake, import_sharegpt, parse_sharegpt)
+    ShareGPTImport, estimate_tokens, import_azure, import_mooncake, import_sharegpt,
+    parse_sharegpt)
 from prefixshield.traces.schema import TraceError
 from prefixshield.traces.segments import LOCAL_BITS, NUM_KINDS, SegmentKind
 
@@ -201,7 +202,7 @@ def test_azure_missing_column(tmp_path):
 def test_sharegpt_import_builds_multi_turn_requests():
     path = data_file("sharegpt")
     turns, stats = parse_sharegpt(path)
-    tr = import_sharegpt(path, groups=["a", "b"], system_prompt_tokens=32)
+    tr = import_sharegpt(path, groups=["a", "b"], shape=ShareGPTImport(system_prompt_tokens=32))
     df = tr.requests
     assert len(df) == len(turns) == stats["turns"]
     assert df["prefix_id"].nunique() == stats["conversations"]
