@@ -199,6 +199,16 @@ def test_azure_missing_column(tmp_path):
 
 # ---- ShareGPT -------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("field,value", [("base_rate", 0.0), ("think_time_s", -1.0),
+                                         ("min_think_time_s", math.nan),
+                                         ("system_prompt_tokens", -1),
+                                         ("max_conversation_tokens", 0),
+                                         ("chars_per_token", 0.0)])
+def test_sharegpt_import_knobs_are_refused_when_built(field, value):
+    with pytest.raises(ValueError, match=field):
+        ShareGPTImport(**{field: value})
+
+
 def test_sharegpt_import_builds_multi_turn_requests():
     path = data_file("sharegpt")
     turns, stats = parse_sharegpt(path)
