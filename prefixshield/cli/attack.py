@@ -7,6 +7,7 @@ lives here.
 
 from __future__ import annotations
 
+import functools
 import shlex
 import sys
 
@@ -124,6 +125,50 @@ def _fleet_fields(replicas, router, router_key) -> dict:
     return out
 
 
+_BASE_OPTIONS = ("num_blocks", "vllm_compat", "profile", "alpha", "fixed", "scheduler",
+                 "tenant_limits", "replicas", "router", "router_key")
+"""The command's options that become the config's ``base`` (see `_base`)."""
+
+
+def _base(num_blocks, vllm_compat, profile, alpha, fixed, scheduler, tenant_limits, replicas,
+          router, router_key) -> dict:
+    """The fixed fields of every run from the engine, load, ``--set``, scheduler and fleet
+    options (`_base_fields`, `_scheduler_fields`, `_fleet_fields`, checked in that
+    order)."""
+    return {**_base_fields(num_blocks, vllm_compat, profile, alpha, fixed),
+            **_scheduler_fields(scheduler, tenant_limits),
+            **_fleet_fields(replicas, router, router_key)}
+
+
+def _search_config(fn):
+    """Build the command's
+    [`SearchConfig`][prefixshield.experiments.attack_search.SearchConfig] once, from its search,
+    budget, engine, load, scheduler and fleet options, and hand it to the command as one
+    ``config`` argument (as `prefixshield.cli.common.run_options` hands ``run`` its
+    [`RunOptions`][prefixshield.experiments.options.RunOptions]); ``--out`` and the executor
+    options pass through. Checks ``--budget``, then the base fields (`_base`), then the
+    config; a bad value is one line, naming its option where the check is this module's.
+    Apply under `_user_errors`.
+
+    Not `run_options` itself: attack-search's options of the same names have their own
+    defaults and help (``--blocks`` 512, no ``auto``), and become a search's sweep fields
+    (``base``), not one run's engine."""
+    @functools.wraps(fn)
+    def wrapper(*args, policies, budget_items, trials, seeds, eval_seeds, objective, sampler,
+                sampler_seed, batch, warm_start, **kwargs):
+        from prefixshield.experiments import attack_search as AS
+
+        budget = _budget(budget_items)
+        base = _base(**{name: kwargs.pop(name) for name in _BASE_OPTIONS})
+        config = AS.SearchConfig(policies=_policy_names(policies), trials=trials, seeds=seeds,
+                                 eval_seeds=seeds if eval_seeds is None else eval_seeds,
+                                 objective=objective, **budget,
+                                 sampler=sampler, sampler_seed=sampler_seed, batch=batch,
+                                 warm_start=warm_start, base=base)
+        return fn(*args, config=config, **kwargs)
+    return wrapper
+
+
 @click.command("attack-search")
 @click.option("--policy", "-p", "policies", multiple=True, default=("all",), show_default=True,
               help="Policies to search against (names, 'all', or NAME:KEY=VALUE specs); each "
@@ -190,10 +235,8 @@ def _fleet_fields(replicas, router, router_key) -> dict:
               help="Process-pool workers (or local Ray CPUs) [default: one per core].")
 @click.option("--address", default=None, help="Ray cluster address (with --executor ray).")
 @_user_errors
-def attack_search(policies, budget_items, scheduler, tenant_limits, replicas, router, router_key,
-                  trials, seeds, eval_seeds, objective, sampler, sampler_seed, batch, warm_start,
-                  num_blocks, vllm_compat, profile, alpha, fixed, out_dir, executor, workers,
-                  address):
+@_search_config
+def attack_search(config, out_dir, executor, workers, address):
     """Find, per policy, the attack that hurts the victim most under a fixed attacker budget.
 
     \b
@@ -217,18 +260,9 @@ def attack_search(policies, budget_items, scheduler, tenant_limits, replicas, ro
     from prefixshield.experiments import attack_search as AS
     from prefixshield.experiments.executors import make_executor
 
-    budget = _budget(budget_items)
-    base = {**_base_fields(num_blocks, vllm_compat, profile, alpha, fixed),
-            **_scheduler_fields(scheduler, tenant_limits),
-            **_fleet_fields(replicas, router, router_key)}
-    config = AS.SearchConfig(policies=_policy_names(policies), trials=trials, seeds=seeds,
-                             eval_seeds=seeds if eval_seeds is None else eval_seeds,
-                             objective=objective, **budget,
-                             sampler=sampler, sampler_seed=sampler_seed, batch=batch,
-                             warm_start=warm_start, base=base)
     from prefixshield.experiments.cells import check_policy_specs
 
-    check_policy_specs(config.policies, base)  # before the store, not once per trial
+    check_policy_specs(config.policies, config.base)  # before the store, not once per trial
     AS._import_optuna()
     with console.status("measuring the load and the budget..."):
         resolved = AS.resolve(config)

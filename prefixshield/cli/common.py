@@ -532,6 +532,11 @@ def _workload_options(fn):
 
 
 
+_ENGINE_FIELDS = ("block_size", "vllm_compat", "max_num_seqs", "max_num_batched_tokens")
+"""`_engine_options`' options that are `EngineConfig` fields of the same name, taken as
+given (``--blocks`` is not: it may be ``auto``)."""
+
+
 def run_options(fn):
     """Build a command's [`RunOptions`][prefixshield.experiments.options.RunOptions] once, from its
     shared options, and hand it to the command as one ``opts`` argument.
@@ -544,9 +549,8 @@ def run_options(fn):
     pass through. A bad WORKLOAD or ``--set`` is a ``click.BadParameter`` naming it; apply
     under `_user_errors` so that a bad value elsewhere (a profile) is one line too."""
     @functools.wraps(fn)
-    def wrapper(*args, workload, policies, num_blocks, block_size, vllm_compat, max_num_seqs,
-                max_num_batched_tokens, profile, scheduler, fleet, executor_spec, alpha,
-                overrides, c_prefill_basis, contracts_mode, scale_to_load, **kwargs):
+    def wrapper(*args, workload, policies, num_blocks, profile, scheduler, fleet, executor_spec,
+                alpha, overrides, c_prefill_basis, contracts_mode, scale_to_load, **kwargs):
         with _loading():
             from prefixshield.experiments import single  # noqa: F401  (what the run needs)
             from prefixshield.simulator.costmodel import load_profile
@@ -556,11 +560,9 @@ def run_options(fn):
         typed = _workload_overrides(workload, overrides)
         auto = num_blocks if isinstance(num_blocks, AutoBlocks) else None
         # under auto the pool is sized from the trace later; the default stands in till then
-        engine = engine_config(num_blocks=None if auto else num_blocks, block_size=block_size,
-                               max_num_seqs=max_num_seqs,
-                               max_num_batched_tokens=max_num_batched_tokens,
-                               vllm_compat=vllm_compat, check_invariants=check_invariants,
-                               scheduler=scheduler)
+        engine = engine_config(num_blocks=None if auto else num_blocks,
+                               check_invariants=check_invariants, scheduler=scheduler,
+                               **{name: kwargs.pop(name) for name in _ENGINE_FIELDS})
         every = any(part.strip() == "all" for v in policies for part in v.split(","))
         opts = RunOptions(workload=workload, policies=_policy_names(policies), engine=engine,
                           every_policy=every,

@@ -82,7 +82,9 @@ def make_model(out_dir, arch, seed, dtype, dry_run, overwrite):
 def _live_options(calibrate_help: str):
     """``--profile``/``--calibrate`` and the live engine (``--model``, ``--blocks``,
     ``--block-size``, ``--max-num-seqs``, ``--max-num-batched-tokens``) of ``validate`` and
-    ``validate-matrix``."""
+    ``validate-matrix``. The engine's pool and batching (``num_blocks``, ``block_size``,
+    ``max_num_seqs``, ``max_num_batched_tokens``) reach the command as its ``**engine``,
+    under the keyword names its cells take."""
     options = [
         click.option("--profile", default=None,
                      help="Cost-model profile of the simulated side: a shipped name or a .toml "
@@ -127,9 +129,8 @@ def _live_options(calibrate_help: str):
               help="Write sim_vs_live.{md,csv,json}, sim_vs_live_requests.csv and "
                    "sim_vs_live_steps.csv here.")
 @_user_errors
-def validate(workload, policy, profile, calibrate, model_dir, num_blocks, block_size,
-             max_num_seqs, max_num_batched_tokens, timed, free_outputs, seed, alpha, overrides,
-             scheduler, check_invariants, out_dir):
+def validate(workload, policy, profile, calibrate, model_dir, timed, free_outputs, seed, alpha,
+             overrides, scheduler, check_invariants, out_dir, **engine):
     """Replay WORKLOAD on a real vLLM with POLICY installed, and in the simulator; write the
     sim-vs-live report: Metric / vLLM / Sim (the profile) / Sim (the live engine's own step
     times, which isolates the scheduler model) with Diff%, per-request cached-token agreement,
@@ -155,9 +156,7 @@ def validate(workload, policy, profile, calibrate, model_dir, num_blocks, block_
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--scheduler") from None
     cell = ValidationCell(workload=workload, policy=policy, timed=timed, seed=seed, alpha=alpha,
-                          overrides=tuple(overrides), num_blocks=num_blocks,
-                          block_size=block_size, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=max_num_batched_tokens, scheduler=scheduler)
+                          overrides=tuple(overrides), scheduler=scheduler, **engine)
     try:
         report = run_cell(cell, out_dir=out_dir, profile=profile, calibrate=calibrate,
                           model_dir=model_dir, force_outputs=not free_outputs,
@@ -189,9 +188,8 @@ def validate(workload, policy, profile, calibrate, model_dir, num_blocks, block_
               help="Write matrix.{md,csv,json} and cells/<cell>/sim_vs_live.* here; finished "
                    "cells are kept (an interrupted matrix resumes).")
 @_user_errors
-def validate_matrix(workloads, policies, modes, profile, calibrate, model_dir, num_blocks,
-                    block_size, max_num_seqs, max_num_batched_tokens, dtype, seed, alpha,
-                    overrides, out_dir):
+def validate_matrix(workloads, policies, modes, profile, calibrate, model_dir, dtype, seed,
+                    alpha, overrides, out_dir, **engine):
     """Run `validate` over workloads x policies x modes on one live engine and write one
     summary table (cached-token agreement, TTFT/E2E error with the profile and with the live
     step times, the profile's step-time error).
@@ -211,9 +209,7 @@ def validate_matrix(workloads, policies, modes, profile, calibrate, model_dir, n
         raise click.UsageError("give --profile NAME|FILE.toml, or --calibrate")
     cells = default_cells(workloads or None, tuple(policies) or MATRIX_POLICIES,
                           tuple(modes) or ("serialized", "timed"), seed=seed,
-                          extra=tuple(overrides), alpha=alpha, num_blocks=num_blocks,
-                          block_size=block_size, max_num_seqs=max_num_seqs,
-                          max_num_batched_tokens=max_num_batched_tokens, dtype=dtype)
+                          extra=tuple(overrides), alpha=alpha, dtype=dtype, **engine)
     from prefixshield.validate.matrix import typed_overrides
 
     for cell in cells:

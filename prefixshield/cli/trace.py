@@ -107,11 +107,12 @@ def trace_generate(workload, out, seed, alpha, profile, num_blocks, block_size, 
 @click.option("--over", type=click.Choice(["drop", "clip"]), default="drop", show_default=True,
               help="With --max-prompt-tokens: drop longer requests, or keep their first tokens.")
 @_user_errors
-def trace_import(fmt, src, out, seed, num_groups, assign, tenant_skew, tenant_map,
-                 allow_fewer_groups, time_scale, rate, limit, warmup_s, system_prompt_tokens,
-                 max_prompt_tokens, over):
+def trace_import(fmt, src, out, seed, time_scale, rate, limit, warmup_s, system_prompt_tokens,
+                 max_prompt_tokens, over, **tenancy):
     """Convert an external trace SRC (Mooncake JSONL, ShareGPT JSON, Azure CSV; plain or
     gzip-compressed, with or without a UTF-8 byte-order mark) to OUT."""
+    # tenancy: --groups, --assign, --tenant-skew, --tenant-map, --allow-fewer-groups, passed on
+    # to the importer whole under their keyword names (num_groups: see below)
     import os
 
     from prefixshield.traces import importers
@@ -121,10 +122,10 @@ def trace_import(fmt, src, out, seed, num_groups, assign, tenant_skew, tenant_ma
         raise click.BadParameter(f"{out} is the input SRC: importing would overwrite the source; "
                                  "give another OUT", param_hint="OUT")
 
-    common = dict(seed=seed, warmup_s=warmup_s, limit=limit, assign=assign,
-                  tenant_skew=tenant_skew, tenant_map=tenant_map,
-                  allow_fewer_groups=allow_fewer_groups,
-                  num_groups=None if assign == "map" and num_groups == 1 else num_groups)
+    num_groups = tenancy.pop("num_groups")
+    common = dict(seed=seed, warmup_s=warmup_s, limit=limit, **tenancy,
+                  num_groups=None if tenancy["assign"] == "map" and num_groups == 1
+                  else num_groups)
     if fmt == "mooncake":
         if system_prompt_tokens:
             raise click.BadParameter("mooncake traces carry their own prefixes (hash_ids)",
@@ -138,8 +139,8 @@ def trace_import(fmt, src, out, seed, num_groups, assign, tenant_skew, tenant_ma
             if time_scale != 1.0 or rate is not None:
                 raise click.BadParameter("sharegpt has no timestamps to scale (arrivals are "
                                          "drawn)", param_hint="--time-scale/--rate")
-            tr = importers.import_sharegpt(src, system_prompt_tokens=system_prompt_tokens,
-                                           **common)
+            shape = importers.ShareGPTImport(system_prompt_tokens=system_prompt_tokens)
+            tr = importers.import_sharegpt(src, shape=shape, **common)
     note = ""
     if rate is not None:
         from prefixshield.traces.transform import scale_to_rate

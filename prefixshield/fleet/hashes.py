@@ -37,12 +37,12 @@ def trace_hashes(trace: Trace, config: EngineConfig) -> tuple[np.ndarray, np.nda
     def build(groups_of_rows: np.ndarray) -> np.ndarray:
         hashes = np.empty(int(offsets[-1]), dtype=np.uint64)
         if n:
+            rows = (segments.ids, segments.lengths, segments.offsets,
+                    df["output_segment_id"].to_numpy(np.int64), out, groups_of_rows)
             fz.build_hashes(np.int64(trace.seed), np.int64(trace.vocab_size),
-                            segments.ids, segments.lengths, segments.offsets,
-                            df["output_segment_id"].to_numpy(np.int64), out,
-                            np.int64(trace.seed ^ OUTPUT_SEED_SALT), groups_of_rows, np.int64(B),
-                            np.int64(config.hash_seed), offsets, hashes, np.int64(0),
-                            np.int64(n), np.int64(0))
+                            np.int64(trace.seed ^ OUTPUT_SEED_SALT), np.int64(config.hash_seed),
+                            rows, np.int64(B), offsets, hashes, np.int64(0), np.int64(n),
+                            np.int64(0))
         return hashes
 
     hashes = build(group_id)

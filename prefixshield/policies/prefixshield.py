@@ -559,8 +559,9 @@ class PrefixShieldPolicy(Policy):
         log = self.debt_log
         log.reserve(n)
         meta = np.array([log.size, log.stride, log.num_charges], dtype=np.int64)
-        bad = K.replay_keys(self._state, keys, groups, contract, hits, block_of, key_of, bk, bv,
-                            bits, log.t, log.group, log.debt, log.classes, meta, log.max_samples)
+        bad = K.replay_keys(self._state, keys, groups, contract, hits, block_of, key_of,
+                            (bk, bv), bits, (log.t, log.group, log.debt, log.classes, meta),
+                            log.max_samples)
         log.size, log.stride, log.num_charges = (int(x) for x in meta)
         if bad >= 0:
             raise ValueError(f"replay_keys: request {bad} made an illegal policy call")

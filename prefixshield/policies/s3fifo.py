@@ -202,9 +202,9 @@ class S3FIFOPolicy(Policy):
         are skipped as the class docstring says). The blocks returned are in use."""
         out = np.empty(n, dtype=np.int32)
         q = self._lists
-        got = k.select_victims(n, out, q.prev, q.nxt, q.member, q.length, q.num_blocks,
+        got = k.select_victims(n, out, (q.prev, q.nxt, q.member, q.length), q.num_blocks,
                                self._freq, self._in_use, self._key, self._cnt, self._params,
-                               self._gkeys, self._gtab, self._gpos, True)
+                               (self._gkeys, self._gtab, self._gpos), True)
         self._ghost_slack = got
         if got != n:
             raise ValueError(f"s3fifo: asked for {n} free blocks, only {got} were free")
@@ -257,16 +257,18 @@ class S3FIFOPolicy(Policy):
         if fused and not pinned and (keys.shape[0] == 0 or int(keys.min()) >= 0):
             bits, ring_len = k.fused_table_sizes(self.num_blocks, self.ghost_size,
                                                  int(self._gpos[k.G_LIVE]))
+            scratch = (np.full(2 << bits, -1, dtype=np.int64),
+                       np.zeros(self.num_blocks, dtype=np.int64),
+                       np.zeros(ring_len, dtype=np.int64))
             bad = k.replay_keys_fused(
-                keys, hits, block_of, key_of, q.prev, q.nxt, q.member, q.length, q.num_blocks,
-                self._freq, self._key, self._cnt, self._params, self._gkeys, self._gtab,
-                self._gpos, np.full(2 << bits, -1, dtype=np.int64), bits,
-                np.zeros(self.num_blocks, dtype=np.int64), np.zeros(ring_len, dtype=np.int64))
+                keys, hits, block_of, key_of, (q.prev, q.nxt, q.member, q.length), q.num_blocks,
+                self._freq, self._key, self._cnt, self._params,
+                (self._gkeys, self._gtab, self._gpos), scratch, bits)
         if bad < 0:  # not fused, or a state the fused kernel does not take (it changed nothing)
-            bad = k.replay_keys(keys, hits, block_of, key_of, q.prev, q.nxt, q.member, q.length,
+            bad = k.replay_keys(keys, hits, block_of, key_of, (q.prev, q.nxt, q.member, q.length),
                                 q.num_blocks, self._freq, self._in_use, self._key, self._cnt,
-                                self._params, self._gkeys, self._gtab, self._gpos, self.freq_cap,
-                                self.vllm_compat == "current")
+                                self._params, (self._gkeys, self._gtab, self._gpos),
+                                self.freq_cap, self.vllm_compat == "current")
         self._ghost_slack = 0
         if bad:
             raise ValueError(f"s3fifo: {bad} illegal calls while replaying keys")
@@ -283,10 +285,10 @@ class S3FIFOPolicy(Policy):
         q = self._lists
         n = self.num_free()
         out = np.empty(n, dtype=np.int32)
-        got = k.select_victims(n, out, q.prev.copy(), q.nxt.copy(), q.member.copy(),
-                               q.length.copy(), q.num_blocks, self._freq.copy(),
+        got = k.select_victims(n, out, (q.prev.copy(), q.nxt.copy(), q.member.copy(),
+                                        q.length.copy()), q.num_blocks, self._freq.copy(),
                                self._in_use.copy(), self._key.copy(), self._cnt.copy(),
-                               self._params, self._gkeys, self._gtab, self._gpos, False)
+                               self._params, (self._gkeys, self._gtab, self._gpos), False)
         return out[:got]
 
     # -- introspection --------------------------------------------------------------------------

@@ -259,18 +259,23 @@ def coalesced_time(per_step, d_nseq, k, wait, bounded):
 
 
 @njit(cache=True)
-def build_sequences(seed, vocab_size, seg_ids, seg_lens, seg_offsets, output_segment_id,
-                    output_tokens, output_salt_seed, groups, block_size, hash_seed, lo, hi,
-                    tokens, token_offsets, hashes, hash_offsets):
+def build_sequences(seed, vocab_size, output_salt_seed, hash_seed, rows, block_size, lo, hi,
+                    out):
     """Token ids and block hashes of requests ``lo .. hi-1`` in one call, into flat arrays.
 
-    Request i's tokens are its prompt segments (``seg_ids`` / ``seg_lens`` at
-    ``seg_offsets[i]:seg_offsets[i+1]``), then its output: segment ``output_segment_id[i]`` of
-    ``output_tokens[i]`` tokens under ``seed``, or, when that id is negative, segment ``i`` under
-    ``output_salt_seed`` -- the same ids `prefixshield.traces.tokens.prompt_token_ids`
-    gives the step-by-step path. They land in ``tokens[token_offsets[i-lo]:...]``; the hashes of
-    every full block in ``hashes[hash_offsets[i-lo]:...]``.
+    ``rows`` is the requests' content, ``(seg_ids, seg_lens, seg_offsets, output_segment_id,
+    output_tokens, groups)``, as `prefixshield.simulator.fused.build_hashes` takes it.
+    Request i's tokens are its prompt segments
+    (``seg_ids`` / ``seg_lens`` at ``seg_offsets[i]:seg_offsets[i+1]``), then its output:
+    segment ``output_segment_id[i]`` of ``output_tokens[i]`` tokens under ``seed``, or, when
+    that id is negative, segment ``i`` under ``output_salt_seed`` -- the same ids
+    `prefixshield.traces.tokens.prompt_token_ids` gives the step-by-step path; ``groups[i]``
+    starts its hash chain. ``out`` is ``(tokens, token_offsets, hashes, hash_offsets)``: the
+    tokens land in ``tokens[token_offsets[i-lo]:...]``; the hashes of every full block in
+    ``hashes[hash_offsets[i-lo]:...]``.
     """
+    seg_ids, seg_lens, seg_offsets, output_segment_id, output_tokens, groups = rows
+    tokens, token_offsets, hashes, hash_offsets = out
     tpos = 0
     hpos = 0
     for i in range(lo, hi):

@@ -132,12 +132,12 @@ class _Chunks:
         self.token_offsets = np.empty(hi - lo + 1, dtype=np.int64)
         self.hash_offsets = np.empty(hi - lo + 1, dtype=np.int64)
         tr = eng.trace
-        bk.build_sequences(np.int64(tr.seed), np.int64(tr.vocab_size), eng._seg_ids_flat,
-                           eng._seg_lens_flat, eng._seg_offsets, eng.output_segment_id,
-                           eng.output_tokens, np.int64(tr.seed ^ OUTPUT_SEED_SALT),
-                           eng.group_id, B, np.int64(eng.config.hash_seed), lo, hi,
-                           self.tokens, self.token_offsets, self.hashes_flat,
-                           self.hash_offsets)
+        rows = (eng._seg_ids_flat, eng._seg_lens_flat, eng._seg_offsets, eng.output_segment_id,
+                eng.output_tokens, eng.group_id)
+        bk.build_sequences(np.int64(tr.seed), np.int64(tr.vocab_size),
+                           np.int64(tr.seed ^ OUTPUT_SEED_SALT), np.int64(eng.config.hash_seed),
+                           rows, B, lo, hi,
+                           (self.tokens, self.token_offsets, self.hashes_flat, self.hash_offsets))
         self.lo, self.hi = lo, hi
 
 
@@ -1442,11 +1442,12 @@ class Engine:
             hashes[:hash_off[built] - hbase] = old_hashes[hbase - old_h:hash_off[built] - old_h]
             table[:table_off[built] - tbase] = old_table[tbase - old_t:table_off[built] - old_t]
         tr, cfg = self.trace, self.config
-        fz.build_hashes(np.int64(tr.seed), np.int64(tr.vocab_size), self._seg_ids_flat,
-                        self._seg_lens_flat, self._seg_offsets, self.output_segment_id,
-                        self.output_tokens, np.int64(tr.seed ^ OUTPUT_SEED_SALT), self.group_id,
-                        np.int64(cfg.block_size), np.int64(cfg.hash_seed), hash_off, hashes,
-                        np.int64(built), np.int64(hi), np.int64(hbase))
+        rows = (self._seg_ids_flat, self._seg_lens_flat, self._seg_offsets,
+                self.output_segment_id, self.output_tokens, self.group_id)
+        fz.build_hashes(np.int64(tr.seed), np.int64(tr.vocab_size),
+                        np.int64(tr.seed ^ OUTPUT_SEED_SALT), np.int64(cfg.hash_seed), rows,
+                        np.int64(cfg.block_size), hash_off, hashes, np.int64(built),
+                        np.int64(hi), np.int64(hbase))
         ctl[fz.HASH_BASE], ctl[fz.TABLE_BASE], ctl[fz.WINDOW_END] = hbase, tbase, hi
         self.num_windows += 1
         return hashes, table

@@ -449,8 +449,8 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, req, win, rec, scr,
         elif kind == POLICY_S3FIFO:
             # (all of them are free: the fit check above)
             ctl[S3_GHOST_SLACK] = s3k.select_victims(
-                num_new_blocks, victims, prev, nxt, member, length, ctl[POOL_BLOCKS], s3_freq,
-                s3_in_use, s3_key, s3_cnt, s3_params, s3_gkeys, s3_gtab, s3_gpos, True)
+                num_new_blocks, victims, (prev, nxt, member, length), ctl[POOL_BLOCKS], s3_freq,
+                s3_in_use, s3_key, s3_cnt, s3_params, (s3_gkeys, s3_gtab, s3_gpos), True)
         else:
             _ps_select(ps, num_new_blocks, now, g, victims)
         k = _claim(victims[:num_new_blocks], ref_cnt, block_hash, map_keys, map_vals, map_size,
@@ -945,8 +945,7 @@ def _chain_tail(buf, h, tag, lo, hi, block_size, hashes, out):
 
 
 @njit(cache=True)
-def build_hashes(seed, vocab_size, seg_ids, seg_lens, seg_offsets, output_segment_id,
-                 output_tokens, output_salt_seed, groups, block_size, hash_seed, hash_off,
+def build_hashes(seed, vocab_size, output_salt_seed, hash_seed, rows, block_size, hash_off,
                  hashes, lo, hi, base, row_base=0):
     """Block hashes of requests ``lo .. hi-1``, ``hashes[hash_off[i] - base:hash_off[i+1] -
     base]`` for request i (one per full block of prompt then output; ``lo, hi, base = 0, n,
@@ -957,12 +956,19 @@ def build_hashes(seed, vocab_size, seg_ids, seg_lens, seg_offsets, output_segmen
     negative). ``row_base``: the trace row of index 0 of the per-request arrays (a streamed
     run holds a window of rows, `prefixshield.simulator.stream`).
 
+    ``rows`` is the requests' content, per request ``(seg_ids, seg_lens, seg_offsets,
+    output_segment_id, output_tokens, groups)``: request i's prompt segments are ``seg_ids`` /
+    ``seg_lens`` at ``seg_offsets[i]:seg_offsets[i+1]``, then ``output_tokens[i]`` output
+    tokens; ``groups[i]`` its group id (the chain's start and tag). The same tuple as
+    `prefixshield.simulator.batch.build_sequences` takes.
+
     Both are recomputed here (tested equal): the hash chain is a serial dependency (each
     token's mix waits for the previous one), so four requests' chains advance in lock step to
     keep the multiplier busy, over token ids generated per request into small buffers, with
     the ``% vocab_size`` done by `_mod_small` (a 64-bit division costs more than the
     rest of a token's work).
     """
+    seg_ids, seg_lens, seg_offsets, output_segment_id, output_tokens, groups = rows
     n = hi
     B = block_size
     inv = 1.0 / vocab_size

@@ -465,11 +465,12 @@ class StreamedRun:
             hashes[:hash_off[built]] = old_hashes[h0:]
             table[:table_off[built]] = old_table[t0:]
         s = self.stream
-        fz.build_hashes(np.int64(s.seed), np.int64(s.vocab_size), win._seg_ids_flat,
-                        win._seg_lens_flat, win._seg_offsets, win.output_segment_id,
-                        win.output_tokens, np.int64(s.seed ^ OUTPUT_SEED_SALT), win.group_id,
-                        np.int64(B), np.int64(self.config.hash_seed), hash_off, hashes,
-                        np.int64(built), np.int64(len(win)), np.int64(0), np.int64(win.base))
+        rows = (win._seg_ids_flat, win._seg_lens_flat, win._seg_offsets, win.output_segment_id,
+                win.output_tokens, win.group_id)
+        fz.build_hashes(np.int64(s.seed), np.int64(s.vocab_size),
+                        np.int64(s.seed ^ OUTPUT_SEED_SALT), np.int64(self.config.hash_seed),
+                        rows, np.int64(B), hash_off, hashes, np.int64(built),
+                        np.int64(len(win)), np.int64(0), np.int64(win.base))
         self._hash_off, self._table_off = hash_off, table_off
         return hash_off, table_off, hashes, table
 

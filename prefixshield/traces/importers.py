@@ -2,7 +2,8 @@
 
 - `import_mooncake`: Mooncake JSONL (``timestamp`` ms, ``input_length``, ``output_length``,
   ``hash_ids`` at 512-token granularity).
-- `import_sharegpt`: ShareGPT JSON conversations -> multi-turn requests.
+- `import_sharegpt`: ShareGPT JSON conversations -> multi-turn requests (timed and sized by a
+  `ShareGPTImport`).
 - `import_azure`: Azure LLM inference CSV (``TIMESTAMP``, ``ContextTokens``,
   ``GeneratedTokens``).
 
@@ -24,6 +25,7 @@ import math
 import os
 import re
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
@@ -849,13 +851,54 @@ def parse_sharegpt(path: str | os.PathLike, *, chars_per_token: float = 4.0,
     return df, stats
 
 
+@dataclass(frozen=True)
+class ShareGPTImport:
+    """How `import_sharegpt` times and sizes ShareGPT's conversations (ShareGPT has no
+    timestamps and no token counts), checked when built.
+
+    Attributes:
+        base_rate: conversation starts per second (Poisson), > 0.
+        think_time_s: mean of the exponential part of the gap between turns, seconds (>= 0;
+            0: none).
+        min_think_time_s: the gap's fixed part, seconds (>= 0).
+        system_prompt_tokens: a shared system prompt of this many tokens per group at the
+            head of every prompt (>= 0; 0: none).
+        max_conversation_tokens: keep each conversation's leading turns whose prompts and
+            outputs, system prompt included, fit in this many tokens (>= 1); None: every turn.
+        chars_per_token: characters per token of the estimate (`estimate_tokens`), finite
+            and > 0.
+    """
+
+    base_rate: float = 1.0
+    think_time_s: float = 10.0
+    min_think_time_s: float = 1.0
+    system_prompt_tokens: int = 0
+    max_conversation_tokens: int | None = None
+    chars_per_token: float = 4.0
+
+    def __post_init__(self) -> None:
+        if not self.base_rate > 0:
+            raise ValueError(f"base_rate must be > 0 conversations/s, got {self.base_rate}")
+        for name in ("think_time_s", "min_think_time_s"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number >= 0 s, got {v}")
+        if not (_is_int(self.system_prompt_tokens) and self.system_prompt_tokens >= 0):
+            raise ValueError(f"system_prompt_tokens must be an integer >= 0, got "
+                             f"{self.system_prompt_tokens!r}")
+        m = self.max_conversation_tokens
+        if m is not None and not (_is_int(m) and m >= 1):
+            raise ValueError(f"max_conversation_tokens must be an integer >= 1 or None, got "
+                             f"{m!r}")
+        if not (self.chars_per_token > 0 and math.isfinite(self.chars_per_token)):
+            raise ValueError(f"chars_per_token must be a finite number > 0, got "
+                             f"{self.chars_per_token}")
+
+
 def import_sharegpt(path: str | os.PathLike, *, groups: Sequence[str] | None = None,
                     num_groups: int | None = None,
                     contract: str = "standard", role: str = "benign",
-                    base_rate: float = 1.0, think_time_s: float = 10.0,
-                    min_think_time_s: float = 1.0, system_prompt_tokens: int = 0,
-                    max_conversation_tokens: int | None = None,
-                    chars_per_token: float = 4.0, seed: int = 0,
+                    shape: ShareGPTImport = ShareGPTImport(), seed: int = 0,
                     vocab_size: int = DEFAULT_VOCAB_SIZE, warmup_s: float = 0.0,
                     limit: int | None = None, assign: str | None = None,
                     tenant_skew: float = 1.0,
@@ -863,26 +906,29 @@ def import_sharegpt(path: str | os.PathLike, *, groups: Sequence[str] | None = N
                     allow_fewer_groups: bool = False) -> Trace:
     """Import ShareGPT JSON conversations as multi-turn requests (as the ``sharegpt`` workload).
 
-    Turns come from `parse_sharegpt`. Every conversation is used once, in file order,
-    assigned whole to one of ``groups`` by the tenant model ``assign`` (``round_robin`` and
-    ``session``: conversation i to group i mod G; ``zipf``: conversations to skewed tenants;
-    ``map``: records are conversations); conversation starts are Poisson at ``base_rate``
-    (conversations/s) and turn k+1 arrives ``min_think_time_s + Exponential(think_time_s)``
-    seconds after turn k (ShareGPT has no timestamps; both drawn from ``seed``). Turn k's
-    prompt = group system prompt (if ``system_prompt_tokens > 0``) + all earlier user and
-    assistant segments + the new user segment; it generates the turn's assistant segment
+    Turns come from `parse_sharegpt` (``shape.chars_per_token``). Every conversation is used
+    once, in file order, assigned whole to one of ``groups`` by the tenant model ``assign``
+    (``round_robin`` and ``session``: conversation i to group i mod G; ``zipf``:
+    conversations to skewed tenants; ``map``: records are conversations); conversation starts
+    are Poisson at ``shape.base_rate`` (conversations/s) and turn k+1 arrives
+    ``min_think_time_s + Exponential(think_time_s)`` seconds (of ``shape``) after turn k
+    (ShareGPT has no timestamps; both drawn from ``seed``). Turn k's prompt = group system
+    prompt (if ``shape.system_prompt_tokens > 0``) + all earlier user and assistant segments
+    + the new user segment; it generates the turn's assistant segment
     (``output_segment_id``; ``output_tokens`` = its length); prefix_id = conversation index.
-    ``max_conversation_tokens`` keeps each conversation's leading turns that fit (a
+    ``shape.max_conversation_tokens`` keeps each conversation's leading turns that fit (a
     conversation whose first turn does not fit contributes no request; counted in meta).
-    A group left without requests is an error unless ``allow_fewer_groups``.
+    A group left without requests is an error unless ``allow_fewer_groups``. ``meta`` records
+    every field of ``shape`` under its own name.
 
     Raises:
         TraceError: for malformed records, see `parse_sharegpt`.
     """
+    base_rate, think_time_s = shape.base_rate, shape.think_time_s
+    min_think_time_s, system_prompt_tokens = shape.min_think_time_s, shape.system_prompt_tokens
+    max_conversation_tokens, chars_per_token = shape.max_conversation_tokens, shape.chars_per_token
     path = Path(path)
     groups = _check_common(path, groups, num_groups, role, 1.0)
-    if not base_rate > 0:
-        raise ValueError(f"base_rate must be > 0 conversations/s, got {base_rate}")
     turns, stats = parse_sharegpt(path, chars_per_token=chars_per_token, limit=limit)
     convs = []
     dropped = 0

@@ -26,7 +26,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -37,6 +37,9 @@ from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import CostModel
 from prefixshield.simulator.engine import Engine, RunResult
 from prefixshield.traces.schema import Trace
+
+if TYPE_CHECKING:  # the live side loads only when a replay runs
+    from prefixshield.live.engine import LiveEngine, LiveEngineConfig
 
 MIN_GAP_S = 1e-6
 """Smallest gap between serialized simulated arrivals (seconds), for degenerate cost models."""
@@ -540,31 +543,28 @@ def calibrate_engine(engine, grid=None, progress=None):
     return fit, m, source
 
 
-def validate(trace: Trace, policy_name: str, model_dir: str, num_blocks: int,
-             cost: CostModel | None, block_size: int = 32, serialize: bool = True,
-             max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
-             policy_args: dict | None = None, check_invariants: bool = False,
-             out_dir: str | Path | None = None, engine=None, calibrate: bool = False,
-             cost_source: dict | None = None, force_outputs: bool = True) -> ComparisonReport:
+def validate(trace: Trace, policy_name: str, engine: LiveEngineConfig | LiveEngine,
+             cost: CostModel | None,
+             serialize: bool = True, policy_args: dict | None = None,
+             check_invariants: bool = False, out_dir: str | Path | None = None,
+             calibrate: bool = False, cost_source: dict | None = None) -> ComparisonReport:
     """Replay ``trace`` live and in the simulator, build the report and write it to
     ``out_dir`` if given.
 
     Args:
-        engine: reuse this [`LiveEngine`][prefixshield.live.engine.LiveEngine] (its own engine
-            settings, forced outputs included, then apply); None: start one and close it.
+        engine: the live engine: a [`LiveEngineConfig`][prefixshield.live.engine.LiveEngineConfig]
+            (model, pool, batching, forced outputs; an engine is started with it and closed
+            after), or a running [`LiveEngine`][prefixshield.live.engine.LiveEngine] to reuse
+            (its own settings apply).
         calibrate: measure the cost model on the engine right before the replay
             (`calibrate_engine`) and simulate with it instead of ``cost``.
         cost_source: where ``cost`` came from, recorded in the report.
-        force_outputs: have the live model generate the simulator's output tokens.
     """
     from prefixshield.live.engine import LiveEngine, LiveEngineConfig
 
-    own = engine is None
+    own = isinstance(engine, LiveEngineConfig)
     if own:
-        engine = LiveEngine(LiveEngineConfig(
-            model_dir=str(model_dir), num_blocks=num_blocks, block_size=block_size,
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-            force_outputs=force_outputs))
+        engine = LiveEngine(engine)
     try:
         if calibrate:
             fit, _m, cost_source = calibrate_engine(engine)

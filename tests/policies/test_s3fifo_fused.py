@@ -113,11 +113,11 @@ def test_the_fused_kernel_refuses_a_state_the_pure_driver_did_not_leave_and_chan
     keys = np.arange(100, 160, dtype=np.int64) % 30
     hits = np.zeros(keys.shape[0], dtype=np.bool_)
     bits, ring_len = k.fused_table_sizes(p.num_blocks, p.ghost_size, int(p._gpos[k.G_LIVE]))
-    got = k.replay_keys_fused(keys, hits, bo, ko, q.prev, q.nxt, q.member, q.length, q.num_blocks,
-                              p._freq, p._key, p._cnt, p._params, p._gkeys, p._gtab, p._gpos,
-                              np.full(2 << bits, -1, dtype=np.int64), bits,
-                              np.zeros(p.num_blocks, dtype=np.int64),
-                              np.zeros(ring_len, dtype=np.int64))
+    scratch = (np.full(2 << bits, -1, dtype=np.int64), np.zeros(p.num_blocks, dtype=np.int64),
+               np.zeros(ring_len, dtype=np.int64))
+    got = k.replay_keys_fused(keys, hits, bo, ko, (q.prev, q.nxt, q.member, q.length),
+                              q.num_blocks, p._freq, p._key, p._cnt, p._params,
+                              (p._gkeys, p._gtab, p._gpos), scratch, bits)
     assert got == -1 and not hits.any() and len(bo) == 0 and (ko == -1).all()
     after = (q.prev, q.nxt, q.member, q.length, p._freq, p._key, p._cnt, p._gkeys, p._gtab,
              p._gpos)

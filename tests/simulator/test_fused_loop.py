@@ -418,11 +418,11 @@ def test_build_hashes_equals_the_token_builder_and_chain(workload):
     np.cumsum(engine._total_tokens // B, out=hash_off[1:])
     got = np.zeros(int(hash_off[-1]), dtype=np.uint64)
     tr = trace
-    fz.build_hashes(np.int64(tr.seed), np.int64(tr.vocab_size), engine._seg_ids_flat,
-                    engine._seg_lens_flat, engine._seg_offsets, engine.output_segment_id,
-                    engine.output_tokens, np.int64(tr.seed ^ 0x0DEC0DE), engine.group_id,
-                    np.int64(B), np.int64(0), hash_off, got, np.int64(0), np.int64(len(tr)),
-                    np.int64(0))
+    rows = (engine._seg_ids_flat, engine._seg_lens_flat, engine._seg_offsets,
+            engine.output_segment_id, engine.output_tokens, engine.group_id)
+    fz.build_hashes(np.int64(tr.seed), np.int64(tr.vocab_size), np.int64(tr.seed ^ 0x0DEC0DE),
+                    np.int64(0), rows, np.int64(B), hash_off, got, np.int64(0),
+                    np.int64(len(tr)), np.int64(0))
     for i in range(len(trace)):
         seq = engine._make_sequence(i)
         want = chain_block_hashes(seq.token_ids, seq.token_ids.shape[0], B, seq.group, 0)
@@ -430,10 +430,8 @@ def test_build_hashes_equals_the_token_builder_and_chain(workload):
     # a range of requests into a buffer of its own (a window): the same hashes
     lo, hi = len(tr) // 3, 2 * len(tr) // 3
     part = np.zeros(int(hash_off[hi] - hash_off[lo]), dtype=np.uint64)
-    fz.build_hashes(np.int64(tr.seed), np.int64(tr.vocab_size), engine._seg_ids_flat,
-                    engine._seg_lens_flat, engine._seg_offsets, engine.output_segment_id,
-                    engine.output_tokens, np.int64(tr.seed ^ 0x0DEC0DE), engine.group_id,
-                    np.int64(B), np.int64(0), hash_off, part, np.int64(lo), np.int64(hi),
+    fz.build_hashes(np.int64(tr.seed), np.int64(tr.vocab_size), np.int64(tr.seed ^ 0x0DEC0DE),
+                    np.int64(0), rows, np.int64(B), hash_off, part, np.int64(lo), np.int64(hi),
                     hash_off[lo])
     assert np.array_equal(part, got[hash_off[lo]:hash_off[hi]])
 

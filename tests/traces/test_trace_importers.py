@@ -15,7 +15,8 @@ from _trace_helpers import FIXTURES, data_file, rows, write_text
 from prefixshield.traces import derive_sharegpt
 from prefixshield.traces.conversations import sharegpt_turns
 from prefixshield.traces.importers import (
-    estimate_tokens, import_azure, import_mooncake, import_sharegpt, parse_sharegpt)
+    ShareGPTImport, estimate_tokens, import_azure, import_mooncake, import_sharegpt,
+    parse_sharegpt)
 from prefixshield.traces.schema import TraceError
 from prefixshield.traces.segments import LOCAL_BITS, NUM_KINDS, SegmentKind
 
@@ -198,10 +199,20 @@ def test_azure_missing_column(tmp_path):
 
 # ---- ShareGPT -------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("field,value", [("base_rate", 0.0), ("think_time_s", -1.0),
+                                         ("min_think_time_s", math.nan),
+                                         ("system_prompt_tokens", -1),
+                                         ("max_conversation_tokens", 0),
+                                         ("chars_per_token", 0.0)])
+def test_sharegpt_import_knobs_are_refused_when_built(field, value):
+    with pytest.raises(ValueError, match=field):
+        ShareGPTImport(**{field: value})
+
+
 def test_sharegpt_import_builds_multi_turn_requests():
     path = data_file("sharegpt")
     turns, stats = parse_sharegpt(path)
-    tr = import_sharegpt(path, groups=["a", "b"], system_prompt_tokens=32)
+    tr = import_sharegpt(path, groups=["a", "b"], shape=ShareGPTImport(system_prompt_tokens=32))
     df = tr.requests
     assert len(df) == len(turns) == stats["turns"]
     assert df["prefix_id"].nunique() == stats["conversations"]

@@ -1179,8 +1179,8 @@ def _debt_log_append(log_t, log_g, log_d, log_cls, meta, max_samples, t, g, s):
 
 
 @njit(cache=True)
-def replay_keys(st, keys, groups, contract, hits, block_of, key_of, bk, bv, bbits, log_t, log_g,
-                log_d, log_cls, log_meta, max_samples):
+def replay_keys(st, keys, groups, contract, hits, block_of, key_of, table, bbits, log,
+                max_samples):
     """The pure cache driver's loop (`prefixshield.simulator.cachedriver.replay_keys`)
     for PrefixShield in one kernel: request i (clock ``i`` s) of group ``groups[i]`` under
     ``contract`` with prefix_id = content key ``keys[i]``; a hit is ``on_hit, on_acquire,
@@ -1188,8 +1188,10 @@ def replay_keys(st, keys, groups, contract, hits, block_of, key_of, bk, bv, bbit
     (with its debt-log sample), ``on_release(cached)`` -- the policy's own event code, inlined.
     ``block_of`` (typed Dict key -> block) and ``key_of`` (int64 per block, -1: none) are
     read and written back; in between the key -> block map is the array hash table
-    ``bk``/``bv`` (``2**bbits`` slots, ``bk`` filled with -1; keys >= 0). Returns -1, or the
-    index of the request at which an event was illegal (the policy method would raise).
+    ``table = (bk, bv)`` (``2**bbits`` slots, ``bk`` filled with -1; keys >= 0). ``log`` is the
+    debt log's columns ``(t, group, debt, classes, meta)`` (``meta``: size, stride, charges;
+    updated), sampled as `_debt_log_append` does, at most ``max_samples`` rows. Returns -1, or
+    the index of the request at which an event was illegal (the policy method would raise).
 
     Speed notes: the loop (`_replay`) is compiled without numba's reference-counted
     runtime (``_nrt=False``): with it, every inlined helper taking the state tuple increfed and
@@ -1201,14 +1203,15 @@ def replay_keys(st, keys, groups, contract, hits, block_of, key_of, bk, bv, bbit
     `PREFETCH_AHEAD` requests later are prefetched."""
     s = state(st)
     N = s.ctl[C_N]
+    bk, bv = table
     bshift = np.uint64(64 - bbits)
     bmask = (1 << bbits) - 1
     for kk, b in block_of.items():
         _ht_insert(bk, bv, kk, b, bshift, bmask)
     one = np.empty(1, dtype=np.int32)
     yes = np.ones(1, dtype=np.bool_)
-    bad = _replay(st, keys, groups, contract, hits, key_of, bk, bv, bshift, bmask, log_t, log_g,
-                  log_d, log_cls, log_meta, max_samples, one, yes)
+    bad = _replay(st, keys, groups, contract, hits, key_of, table, bshift, bmask, log,
+                  max_samples, one, yes)
     block_of.clear()
     for b in range(N):
         if key_of[b] >= 0:
@@ -1217,11 +1220,14 @@ def replay_keys(st, keys, groups, contract, hits, block_of, key_of, bk, bv, bbit
 
 
 @njit(cache=True, _nrt=False)
-def _replay(st, keys, groups, contract, hits, key_of, bk, bv, bshift, bmask, log_t, log_g, log_d,
-            log_cls, log_meta, max_samples, one, yes):
-    """`replay_keys`'s loop over the requests, with the key -> block table ready; ``one``
-    (int32) and ``yes`` (bool, True) are one-element scratch arrays (allocating nothing, it
-    runs without numba's NRT)."""
+def _replay(st, keys, groups, contract, hits, key_of, table, bshift, bmask, log, max_samples,
+            one, yes):
+    """`replay_keys`'s loop over the requests, with the key -> block table ``(bk, bv)`` ready
+    (``bshift``, ``bmask``: its hashing) and ``log`` the debt log's columns as `replay_keys`
+    takes them; ``one`` (int32) and ``yes`` (bool, True) are one-element scratch arrays
+    (allocating nothing, it runs without numba's NRT)."""
+    bk, bv = table
+    log_t, log_g, log_d, log_cls, log_meta = log
     s = state(st)
     n = keys.shape[0]
     for i in range(n):

@@ -280,10 +280,16 @@ def _evict_one(prev, nxt, member, length, num_blocks, freq, in_use, key, cnt, pa
 
 
 @njit(cache=True, _nrt=False)
-def select_victims(n, out, prev, nxt, member, length, num_blocks, freq, in_use, key, cnt, params,
-                   gkeys, gtab, gpos, update_ghost):
+def select_victims(n, out, lists, num_blocks, freq, in_use, key, cnt, params, ghost,
+                   update_ghost):
     """Fill ``out[:n]`` with the next ``n`` free blocks (truly free first, then reclaimed ones);
-    they become in use. Returns how many were found (``< n`` only if fewer were free)."""
+    they become in use. Returns how many were found (``< n`` only if fewer were free).
+
+    ``lists`` is the queues' ``(prev, nxt, member, length)`` and ``ghost`` the ghost's
+    ``(gkeys, gtab, gpos)`` (see the module docstring); ``update_ghost``: reclaimed keys join
+    the ghost (False: the ghost is left as it is, for a dry run on copies)."""
+    prev, nxt, member, length = lists
+    gkeys, gtab, gpos = ghost
     free_head = num_blocks + 2 * FREE
     if update_ghost:
         ghost_trim(gkeys, gtab, gpos, params[P_GHOST_SIZE])
@@ -424,13 +430,16 @@ def ghost_live_keys(gkeys, gtab, gpos):
 
 
 @njit(cache=True)
-def replay_keys(keys, hits, block_of, key_of, prev, nxt, member, length, num_blocks, freq, in_use,
-                key, cnt, params, gkeys, gtab, gpos, freq_cap, current_mode):
+def replay_keys(keys, hits, block_of, key_of, lists, num_blocks, freq, in_use, key, cnt, params,
+                ghost, freq_cap, current_mode):
     """The pure cache driver's loop for S3-FIFO in one kernel: for each key, a hit is
     ``on_hit, on_acquire, on_release(cached)``; a miss is ``select_victims(1)``,
     ``on_materialize``, ``on_release(cached)`` — the very kernels the policy's methods call.
-    ``block_of`` maps content key -> block, ``key_of`` block -> key (-1: none). Returns the
-    number of illegal calls met (0 when the state was consistent)."""
+    ``block_of`` maps content key -> block, ``key_of`` block -> key (-1: none); ``lists`` and
+    ``ghost`` as `select_victims` takes them. Returns the number of illegal calls met (0 when
+    the state was consistent)."""
+    prev, nxt, member, length = lists
+    gkeys, gtab, gpos = ghost
     one = np.empty(1, dtype=np.int32)
     one_key = np.empty(1, dtype=np.uint64)
     cached = np.ones(1, dtype=np.bool_)
@@ -445,8 +454,8 @@ def replay_keys(keys, hits, block_of, key_of, prev, nxt, member, length, num_blo
             bad += on_release(one, cached, prev, nxt, member, length, num_blocks, in_use, key,
                               cnt, current_mode)
             continue
-        got = select_victims(1, one, prev, nxt, member, length, num_blocks, freq, in_use, key,
-                             cnt, params, gkeys, gtab, gpos, True)
+        got = select_victims(1, one, lists, num_blocks, freq, in_use, key, cnt, params, ghost,
+                             True)
         if got != 1:
             return bad + 1
         b = one[0]
@@ -545,15 +554,19 @@ def fused_table_sizes(num_blocks: int, ghost_size: int, ghost_keys: int) -> tupl
 
 
 @njit(cache=True)
-def replay_keys_fused(keys, hits, block_of, key_of, prev, nxt, member, length, num_blocks, freq,
-                      key, cnt, params, gkeys, gtab, gpos, tab, bits, slot_of, ring):
+def replay_keys_fused(keys, hits, block_of, key_of, lists, num_blocks, freq, key, cnt, params,
+                      ghost, scratch, bits):
     """`replay_keys` with the miss path fused over one table (see the comment above).
 
-    ``tab`` (int64, ``2 * 2**bits``, filled with -1), ``slot_of`` (int64, ``num_blocks``) and
-    ``ring`` (int64, a power of two) are scratch arrays sized by `fused_table_sizes`.
+    ``lists`` and ``ghost`` as `select_victims` takes them. ``scratch`` is ``(tab, slot_of,
+    ring)``: ``tab`` (int64, ``2 * 2**bits``, filled with -1), ``slot_of`` (int64,
+    ``num_blocks``) and ``ring`` (int64, a power of two), sized by `fused_table_sizes`.
     Returns the number of illegal calls met (0 when the state was consistent), or -1, having
     changed nothing, when the state is not one the pure driver leaves (the caller then runs
     `replay_keys`)."""
+    prev, nxt, member, length = lists
+    gkeys, gtab, gpos = ghost
+    tab, slot_of, ring = scratch
     small_size = params[P_SMALL_SIZE]
     main_size = params[P_MAIN_SIZE]
     ghost_size = params[P_GHOST_SIZE]
