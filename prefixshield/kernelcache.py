@@ -34,6 +34,7 @@ KERNEL_SOURCES = (
     "policies/kernels/s3fifo_kernels.py",
     "policies/lru.py",
     "policies/static_quota.py",
+    "scheduling/kernels.py",
     "simulator/batch.py",
     "simulator/blockpool.py",
     "simulator/creation.py",
