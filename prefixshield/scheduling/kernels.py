@@ -279,6 +279,13 @@ def on_admit(sch, g, first, prompt_tokens):
             sch[12][g] += prompt_tokens
 
 
+@njit(cache=True, inline="always")
+def on_output(sch, g, num_tokens):
+    """`Scheduler.on_output`: ``num_tokens`` output tokens of a request of group ``g`` were
+    emitted (VTC's and KVTC's output count; called only when ``sctl[COUNTS_OUTPUTS]``)."""
+    sch[13][g] += num_tokens
+
+
 @njit(cache=True)
 def on_hold(sch, held, seconds):
     """`Scheduler.on_hold` (KVTC's block-seconds)."""

@@ -778,7 +778,7 @@ def run_loop(ctl, fctl, req, win, rec, batch, sch, scr, pool, pol, series):
             bk.advance_decode(state, run_ids, ctl[NUM_RUNNING], ctl[JUMP_K])
             if sctl[sk.COUNTS_OUTPUTS]:
                 for p in range(ctl[NUM_RUNNING]):
-                    sch[13][group_id[run_ids[p]]] += ctl[JUMP_K]
+                    sk.on_output(sch, group_id[run_ids[p]], ctl[JUMP_K])
             ctl[ESTATE] = E_TOP
             continue
         # es == E_STEP: the end of a step
@@ -796,7 +796,7 @@ def run_loop(ctl, fctl, req, win, rec, batch, sch, scr, pool, pol, series):
         if counts_outputs:  # Scheduler.on_output of the tokens the step emitted
             for p in range(ctl[NUM_SCHEDULED]):
                 r = run_ids[p]
-                sch[13][group_id[r]] += state[r, bk.OUTPUT_DONE] - out_before[p]
+                sk.on_output(sch, group_id[r], state[r, bk.OUTPUT_DONE] - out_before[p])
         for j in range(num_finished):  # freed in schedule order
             r = run_ids[finished[j]]
             num_new_blocks[r] = materialized[r]

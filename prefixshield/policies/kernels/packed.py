@@ -5,10 +5,10 @@ machine): a kernel with 30 state arrays pays ~4 µs before its first instruction
 work of selecting one victim. A `Packed` keeps every array of a policy in one uint8
 buffer, behind a header of ``(byte offset, rows, columns)`` triples (int64, one per field; a
 1-D field has one column); the policy keeps numpy views of the fields for Python code, and a
-kernel rebuilds its arrays from the buffer with `field` / `field2d`, or all of them at
-once as one named tuple with `views` (unmanaged arrays over the buffer's memory, built in
-place by intrinsics: no allocation, no reference counting, and usable in kernels compiled with
-``_nrt=False``), so it is called with the buffer alone. (A numba ``StructRef`` or
+kernel rebuilds all of them from the buffer at once, as one named tuple, with `views`
+(unmanaged arrays over the buffer's memory, built in place by an intrinsic: no allocation, no
+reference counting, and usable in kernels compiled with ``_nrt=False``), so it is called with
+the buffer alone. (A numba ``StructRef`` or
 jitclass holding the arrays measured slower than a few array arguments here: ~1.4-1.7 µs per
 call.)
 
@@ -32,22 +32,6 @@ from numba.np.numpy_support import from_dtype
 _ALIGN = 8
 _HEADER = 3
 """int64 words of header per field: byte offset, rows, columns."""
-
-
-@intrinsic
-def _byte_address(typingctx, arr, offset):
-    """``void*`` to byte ``offset`` of ``arr``'s data."""
-    if not isinstance(arr, types.Array) or not isinstance(offset, types.Integer):
-        return None
-    sig = types.voidptr(arr, offset)
-
-    def codegen(context, builder, signature, args):
-        ary = context.make_array(signature.args[0])(context, builder, args[0])
-        base = builder.ptrtoint(ary.data, cgutils.intp_t)
-        off = context.cast(builder, args[1], signature.args[1], types.intp)
-        return builder.inttoptr(builder.add(base, off), cgutils.voidptr_t)
-
-    return sig, codegen
 
 
 @intrinsic
@@ -130,22 +114,6 @@ def entry_point(dispatcher, *args):
         return dispatcher
 
 
-@njit(cache=True, inline="always")
-def field(buf, i, dtype):
-    """Field ``i`` of the packed buffer ``buf`` (1-D) as a C array of ``dtype`` (a view)."""
-    hdr = _view(_byte_address(buf, 0), _HEADER * (i + 1), np.int64)
-    return _view(_byte_address(buf, hdr[_HEADER * i]), hdr[_HEADER * i + 1], dtype)
-
-
-@njit(cache=True, inline="always")
-def field2d(buf, i, dtype):
-    """Field ``i`` of the packed buffer ``buf`` (2-D) as a C array of ``dtype`` in its shape
-    (a view)."""
-    hdr = _view(_byte_address(buf, 0), _HEADER * (i + 1), np.int64)
-    return _view(_byte_address(buf, hdr[_HEADER * i]),
-                 (hdr[_HEADER * i + 1], hdr[_HEADER * i + 2]), dtype)
-
-
 def views(record: type, fields: Sequence[tuple[np.dtype, int]]):
     """An intrinsic ``views(buf)`` that returns every field of a packed buffer at once, as an
     instance of the named tuple class ``record`` (one name per field, in header order), each a
@@ -190,9 +158,8 @@ class Packed:
     """Named arrays in one uint8 buffer (see the module docstring).
 
     Args:
-        fields: ``(name, dtype, shape)`` per field, in header order (field ``i`` is read by
-            ``field(buf, i, dtype)`` in kernels, or `views`); shapes of 1 or 2
-            dimensions. Arrays start zeroed.
+        fields: ``(name, dtype, shape)`` per field, in header order (kernels read them with
+            `views`); shapes of 1 or 2 dimensions. Arrays start zeroed.
         buffer: an existing buffer of this layout to view instead (a copy's, after unpickling).
 
     Attributes:
