@@ -920,10 +920,7 @@ class Engine:
                 del running[i]
             bk.remove_positions(run_ids, len(running) + num_finished, self._finished,
                                 num_finished)
-        if touched:
-            # Occupancy changes only through the pool; a step that called nothing of it has the
-            # previous step's occupancy, which _record_occupancy would skip anyway.
-            self._record_occupancy(now)
+        self._record_occupancy(now)  # (it records only a change)
         if cfg.check_invariants:
             self.pool.check_invariants()
             self._check_batch()
