@@ -27,6 +27,8 @@ from pathlib import Path
 KERNEL_SOURCES = (
     "bench/cycles.py",
     "bench/selector.py",
+    "fleet/addresses.py",
+    "fleet/fused.py",
     "policies/kernels/hashtable.py",
     "policies/kernels/linkedlist.py",
     "policies/kernels/packed.py",

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from hypothesis import strategies as st
 
 from prefixshield.policies import make_policy
 from prefixshield.simulator.blockpool import BlockPool
+from prefixshield.simulator.costmodel import CostModel
 from prefixshield.simulator.kvcache import KVCacheManager, Sequence, make_sequence
 from prefixshield.traces.schema import Trace
 
@@ -88,3 +90,34 @@ def small_trace(name: str, seed: int = 0, **overrides) -> Trace:
         except ValueError:
             continue
     raise AssertionError(f"workload {name!r} does not generate at any short duration")
+
+
+# (arrival s, shared prefix id, tail tokens / block, output tokens / block, group)
+RANDOM_REQUEST = st.tuples(st.floats(0, 0.5), st.integers(0, 3), st.floats(0.05, 2.0),
+                           st.floats(0.05, 6.0), st.integers(0, 1))
+"""A random small request (the random-trace tests draw lists of them)."""
+
+
+def random_rows(reqs: list, block_size: int, tied: bool, both_groups: bool = False) -> list:
+    """Trace rows of `RANDOM_REQUEST` draws, in arrival order: each request shares
+    its prefix id's two blocks and adds its own tail; ``tied`` puts arrivals on a grid of
+    1/8 s (with the tests' 1/64 s steps, arrivals fall due exactly when steps end, several at
+    once); ``both_groups``: a copy of the last row in the other group when only one appears
+    (for configs that name both)."""
+    B = block_size
+    rows = [dict(arrival_s=round(8 * t) / 8 if tied else t, segment_ids=[p, 100 + i],
+                 segment_lengths=[2 * B, max(1, round(n * B))], output_tokens=max(1, round(o * B)),
+                 group=f"g{g}", prefix_id=p)
+            for i, (t, p, n, o, g) in enumerate(sorted(reqs))]
+    if both_groups and {r["group"] for r in rows} != {"g0", "g1"}:
+        rows.append(dict(rows[-1], group="g1" if rows[-1]["group"] == "g0" else "g0",
+                         segment_ids=[0, 99]))
+    return rows
+
+
+def random_cost(tied: bool) -> CostModel:
+    """The random-trace tests' cost: steps of exactly 1/64 s when ``tied``, else a linear
+    model whose steps fall anywhere."""
+    return (CostModel(1 / 64, 0.0, 0.0, 0.0, 0.0) if tied
+            else CostModel(0.01, 0.0005, 0.001, 1e-6, 0.002))
+

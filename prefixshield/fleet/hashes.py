@@ -48,13 +48,16 @@ def trace_hashes(trace: Trace, config: EngineConfig) -> tuple[np.ndarray, np.nda
     hashes = build(group_id)
     content: list[np.ndarray] = []  # built on first use: only content-matching routers read it
 
-    def content_hashes(i: int) -> np.ndarray:
+    def flat_content() -> np.ndarray:
         if not content:
             # every row hashed as group 0: the tenant salt left out, the content kept
             content.append(build(np.zeros(n, dtype=group_id.dtype)))
-        return content[0][offsets[i]:offsets[i + 1]]
+        return content[0]
+
+    def content_hashes(i: int) -> np.ndarray:
+        return flat_content()[offsets[i]:offsets[i + 1]]
 
     info = RequestInfo(groups, group_id, df["prefix_id"].to_numpy(np.int64), prompt, out, B,
                        hashes=lambda i: hashes[offsets[i]:offsets[i + 1]],
-                       content_hashes=content_hashes)
+                       content_hashes=content_hashes, flat_content=flat_content)
     return hashes, offsets, info

@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import pandas as pd
 
+from prefixshield.fleet import fused as fleet_fused
 from prefixshield.fleet.config import FleetConfig
 from prefixshield.fleet.hashes import trace_hashes
 from prefixshield.fleet.ledger import FleetLedger
@@ -107,7 +108,7 @@ def _run_split(tasks: list[ReplicaTask], executor: Any) -> list[RunResult]:
 
 def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
               config: EngineConfig, contracts: Mapping[str, Contract],
-              fleet: FleetConfig, executor: Any = None) -> RunResult:
+              fleet: FleetConfig, executor: Any = None, fused: bool = True) -> RunResult:
     """Simulate ``trace`` on ``fleet.replicas`` engines behind ``fleet.router``.
 
     Args:
@@ -120,6 +121,9 @@ def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
             `prefixshield.experiments.executors`, a task a replica); None: one after
             another in this process. Lockstep runs always run here (one loop drives every
             replica). The result is the same on every executor.
+        fused: a lockstep run takes the compiled loop where it applies
+            (`prefixshield.fleet.fused`); False: the Python loop
+            (`prefixshield.fleet.lockstep`). The same results.
 
     Returns:
         The merged result: records of every row (trace order) with a ``replica`` column,
@@ -151,7 +155,11 @@ def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
                                           shared=first.shared) for p in policies[1:]]
         # linked after the engines bind the tenants (binding resets the buckets)
         ledger = FleetLedger(policies, fleet.ledger_staleness_s) if shared else None
-        assignment = run_lockstep(reps, router, reps[0].arrival_s, ledger)
+        if fused and fleet_fused.applies(reps, router, ledger):
+            assignment = fleet_fused.run_compiled(reps, router, reps[0].arrival_s, hashes,
+                                                  offsets, info)
+        else:
+            assignment = run_lockstep(reps, router, reps[0].arrival_s, ledger)
         results = [rep._result() for rep in reps]  # records: the replica's rows
     merged = merge(results, assignment)
     merged.fleet = FleetRun(fleet, mode, assignment, results, hashes, offsets,

@@ -144,6 +144,31 @@ class _Chunks:
 _NO_TOKENS = np.empty(0, dtype=np.int64)
 
 
+@dataclass
+class FusedRun:
+    """One engine's state in a fused run (`Engine.fused_begin`): what `fused.run_loop` is
+    called with besides the per-request arrays and the window.
+
+    Attributes:
+        ctl, fctl: the loop's control arrays (`prefixshield.simulator.fused`'s slots).
+        pol: the policy's arrays (``Engine._fused_policy_state``; the last, its debt log).
+        queue: ``(waiting, sch)``: the FCFS ring and the scheduler's compiled state.
+        scratch: the per-block scratch (``hits`` .. ``order``).
+        materialized, held_since: per request (shared by a fleet's replicas).
+        series: ``(occ_t, occ, cre_t, [cre_g, cre_c, cre_b], held_t, held_rows)``, replaced
+            when they grow (`Engine.fused_grow`).
+    """
+
+    ctl: np.ndarray
+    fctl: np.ndarray
+    pol: tuple
+    queue: tuple
+    scratch: tuple
+    materialized: np.ndarray
+    held_since: np.ndarray
+    series: tuple
+
+
 class EngineError(RuntimeError):
     """The trace cannot run on this engine (e.g. a request larger than the whole pool)."""
 
@@ -1139,6 +1164,9 @@ class Engine:
     instance may set its own, the tests force small windows). Unlike the fixed up-front budget
     it replaces, it never decides the path: a longer trace runs in windows, not per step."""
 
+    fused_feed = np.empty(0, dtype=np.int64)
+    """The fused loop's ``feed`` (a fleet replica's rows, linked; a single engine reads none)."""
+
     FUSED_FIRST_ROWS: int | None = None
     """Rows of the fused loop's first occupancy and creation buffers; None sizes them from the
     trace (they grow when a step might not fit)."""
@@ -1160,10 +1188,16 @@ class Engine:
         ([`TraceArrivals`][prefixshield.simulator.arrivals.TraceArrivals]: the loop reads them up
         front). The trace's length does not matter: the hashes and block tables are held a
         window at a time (`FUSED_WINDOW_HASHES`)."""
-        return (self.batched and self.fused
+        return self.fused and type(self.arrivals) is TraceArrivals and self.fused_capable()
+
+    def fused_capable(self) -> bool:
+        """Whether the fused loop's kernels can drive this engine's run, whatever its
+        arrivals: `fused_applies` without its ``fused`` flag and arrival source (a fleet's
+        compiled lockstep, `prefixshield.fleet.fused`, drives replicas whose rows the router
+        sends)."""
+        return (self.batched
                 and (not self.scheduled_by_policy or sk.fused_kind(self.scheduler) is not None)
-                and type(self.arrivals) is TraceArrivals and self._fused_policy() is not None
-                and type(self.cost) is CostModel)
+                and self._fused_policy() is not None and type(self.cost) is CostModel)
 
     def _fused_policy(self):
         """The policy's [`FusedArrays`][prefixshield.policies.base.FusedArrays] if the fused
@@ -1191,21 +1225,55 @@ class Engine:
         starts at the oldest request still waiting or running, carrying over what the two
         windows share. The loop reads a request's hashes and table only while it waits or runs,
         so every window gives the same run as one holding the whole trace."""
-        cfg, pool = self.config, self.pool
-        B = cfg.block_size
         n = len(self.arrival_s)
+        hash_off, table_off = self.fused_offsets()
+        run = self.fused_begin(n)
+        ctl = run.ctl
+        hashes, table = self._fused_window(ctl, hash_off, table_off, 0, 0, None, None)
+        fz.start(ctl, run.fctl, self.arrival_s, self.group_id, *run.queue)
+        # the requests due at t = 0 arrive to an empty pool
+        self.arrival_cached_tokens[:int(ctl[fz.NEXT_ARRIVAL])] = 0
+        while True:
+            code = self._fused_call(ctl, run.fctl, self, run.materialized, run.held_since, table,
+                                    table_off, hashes, hash_off, run.queue, run.scratch,
+                                    run.pol, run.series)
+            if code == fz.DONE:
+                break
+            if code == fz.CHECK:
+                self._fused_check(ctl, self._state, table, table_off, hashes, hash_off)
+            elif code == fz.NEED_WINDOW:
+                hashes, table = self._fused_window(
+                    ctl, hash_off, table_off, self._oldest_live(ctl, run.queue),
+                    int(ctl[fz.NEXT_ARRIVAL]), hashes, table)
+            elif code == fz.GROW:
+                self.fused_grow(run)
+            else:  # fz.NEVER_ADMITTED
+                raise self.fused_error(ctl)
+        self.arrivals.next_row = int(ctl[fz.NEXT_ARRIVAL])
+        self.fused_end(run)
+
+    def fused_offsets(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every request's offsets in the fused loop's flat hashes and block tables:
+        ``(hash_off, table_off)``, request r's at ``[off[r]:off[r + 1]]`` (int64, n + 1 each):
+        its full blocks of prompt and output, and room for every block of it plus one (a
+        `Sequence`'s table)."""
+        B = self.config.block_size
         total = self._total_tokens
+        n = total.shape[0]
         hash_off = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(total // B, out=hash_off[1:])
-        # a table as a Sequence's: room for every block of prompt and output, plus one
         table_off = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(-(-total // B) + 1, out=table_off[1:])
+        return hash_off, table_off
+
+    def fused_begin(self, n: int, shared: "FusedRun | None" = None) -> "FusedRun":
+        """The state of a fused run over ``n`` requests, before `fused.start`: the loop's
+        control arrays, the policy's and the scheduler's state, the scratch and the series'
+        first buffers (`FusedRun`). ``shared``: another engine's run over the same rows (a
+        fleet replica's), whose per-request arrays (``materialized``, ``held_since``) this one
+        then uses."""
+        pool = self.pool
         ctl, fctl, pol = self._fused_setup(n)
-        log = pol[-1]
-        hashes, table = self._fused_window(ctl, hash_off, table_off, 0, 0, None, None)
-        queue = self._fused_queue(n)
-        materialized = np.zeros(n, dtype=np.int64)
-        scratch = self._fused_scratch()
         # First guesses (a run records about one occupancy row per step that touches the pool
         # and a few creations per request); run_loop asks for more when a step might not fit.
         rows = self.FUSED_FIRST_ROWS
@@ -1215,59 +1283,66 @@ class Engine:
         occ[0] = self._occ[0]
         ctl[fz.NUM_OCC] = 1
         cap = rows or 4 * n + self._run_ids.shape[0] + 1024
-        cre_t = np.empty(cap, dtype=np.float64)
-        cre = [np.empty(cap, dtype=np.int64) for _ in range(3)]
-        fz.start(ctl, fctl, self.arrival_s, self.group_id, *queue)
-        # the requests due at t = 0 arrive to an empty pool
-        self.arrival_cached_tokens[:int(ctl[fz.NEXT_ARRIVAL])] = 0
-        held_since = np.zeros(n, dtype=np.float64)
         held_t = np.empty(occ_t.shape[0], dtype=np.float64)
         held_rows = np.empty((held_t.shape[0], pool.num_groups), dtype=np.int64)
         held_t[0] = self._held_t[0]
         held_rows[0] = self._held[0]
         ctl[fz.NUM_HELD] = 1
-        while True:
-            code = self._fused_call(ctl, fctl, self, materialized, held_since, table, table_off,
-                                    hashes, hash_off, queue, scratch, pol,
-                                    (occ_t, occ, cre_t, cre, held_t, held_rows))
-            if code == fz.DONE:
-                break
-            if code == fz.CHECK:
-                self._fused_check(ctl, self._state, table, table_off, hashes, hash_off)
-            elif code == fz.NEED_WINDOW:
-                hashes, table = self._fused_window(
-                    ctl, hash_off, table_off, self._oldest_live(ctl, queue),
-                    int(ctl[fz.NEXT_ARRIVAL]), hashes, table)
-            elif code == fz.GROW:
-                more = max(occ_t.shape[0], 1)
-                if ctl[fz.NUM_OCC] + 1 > occ_t.shape[0]:
-                    occ_t = np.concatenate([occ_t, np.empty(more, dtype=np.float64)])
-                    occ = np.concatenate([occ, np.empty((more, occ.shape[1]), dtype=np.int64)])
-                if ctl[fz.NUM_HELD] + 2 > held_t.shape[0]:
-                    more_held = held_t.shape[0]
-                    held_t = np.concatenate([held_t, np.empty(more_held, dtype=np.float64)])
-                    held_rows = np.concatenate([held_rows, np.empty(
-                        (more_held, held_rows.shape[1]), dtype=np.int64)])
-                more = max(cre_t.shape[0], self._run_ids.shape[0])
-                if ctl[fz.NUM_CRE] + self._run_ids.shape[0] > cre_t.shape[0]:
-                    cre_t = np.concatenate([cre_t, np.empty(more, dtype=np.float64)])
-                    cre = [np.concatenate([c, np.empty(more, dtype=np.int64)]) for c in cre]
-                if log is not None:
-                    log.reserve(max(log.t.shape[0], self._run_ids.shape[0]))
-            else:  # fz.NEVER_ADMITTED
-                r = int(ctl[fz.ERR_REQUEST])
-                raise self._never_admitted(r, int(self.prompt_tokens[r]
-                                                  + self._state[r, bk.OUTPUT_DONE]))
+        series = (occ_t, occ, np.empty(cap, dtype=np.float64),
+                  [np.empty(cap, dtype=np.int64) for _ in range(3)], held_t, held_rows)
+        if shared is None:
+            materialized = np.zeros(n, dtype=np.int64)
+            held_since = np.zeros(n, dtype=np.float64)
+        else:
+            materialized, held_since = shared.materialized, shared.held_since
+        return FusedRun(ctl, fctl, pol, self._fused_queue(n), self._fused_scratch(),
+                        materialized, held_since, series)
+
+    def fused_grow(self, run: "FusedRun") -> None:
+        """Enlarge what `fused.GROW` asked for: the series' buffers that might not hold the
+        next step's rows, the debt log's room."""
+        ctl = run.ctl
+        occ_t, occ, cre_t, cre, held_t, held_rows = run.series
+        more = max(occ_t.shape[0], 1)
+        if ctl[fz.NUM_OCC] + 1 > occ_t.shape[0]:
+            occ_t = np.concatenate([occ_t, np.empty(more, dtype=np.float64)])
+            occ = np.concatenate([occ, np.empty((more, occ.shape[1]), dtype=np.int64)])
+        if ctl[fz.NUM_HELD] + 2 > held_t.shape[0]:
+            more_held = held_t.shape[0]
+            held_t = np.concatenate([held_t, np.empty(more_held, dtype=np.float64)])
+            held_rows = np.concatenate([held_rows, np.empty(
+                (more_held, held_rows.shape[1]), dtype=np.int64)])
+        more = max(cre_t.shape[0], self._run_ids.shape[0])
+        if ctl[fz.NUM_CRE] + self._run_ids.shape[0] > cre_t.shape[0]:
+            cre_t = np.concatenate([cre_t, np.empty(more, dtype=np.float64)])
+            cre = [np.concatenate([c, np.empty(more, dtype=np.int64)]) for c in cre]
+        log = run.pol[-1]
+        if log is not None:
+            log.reserve(max(log.t.shape[0], self._run_ids.shape[0]))
+        run.series = (occ_t, occ, cre_t, cre, held_t, held_rows)
+
+    def fused_error(self, ctl: np.ndarray) -> "EngineError":
+        """The error of `fused.NEVER_ADMITTED`: the waiting head ``ctl[ERR_REQUEST]`` can never
+        be admitted."""
+        r = int(ctl[fz.ERR_REQUEST])
+        return self._never_admitted(r, int(self.prompt_tokens[r]
+                                           + self._state[r, bk.OUTPUT_DONE]))
+
+    def fused_end(self, run: "FusedRun") -> None:
+        """What the run's objects keep outside the loop's arrays, from a finished fused run:
+        the counters, the scheduler's, the pool's last evictions, the series and the creation
+        log as `_result` reads them."""
+        ctl, fctl, pool = run.ctl, run.fctl, self.pool
+        occ_t, occ, cre_t, cre, held_t, held_rows = run.series
         self.num_steps = int(ctl[fz.NUM_STEPS])
         self.num_events = int(ctl[fz.NUM_EVENTS])
-        self.arrivals.next_row = int(ctl[fz.NEXT_ARRIVAL])
-        sk.write_back(self.scheduler, queue[1])
+        sk.write_back(self.scheduler, run.queue[1])
         pool.num_evicted_total += int(ctl[fz.NUM_EVICTED])
         k = int(ctl[fz.LAST_EVICTED_N])
         if k:
-            pool.last_evicted = scratch[2][:k].copy()
+            pool.last_evicted = run.scratch[2][:k].copy()
         k = int(ctl[fz.NUM_OCC])
-        # the series as _result reads it (np.asarray / np.vstack): one block of rows
+        # the series as _result reads them (np.asarray / np.vstack): one block of rows
         self._occ_t = occ_t[:k].copy()
         self._occ = [occ[:k]]
         k = int(ctl[fz.NUM_HELD])
@@ -1307,8 +1382,11 @@ class Engine:
         ctl[fz.COALESCE] = self.coalesce_decode
         ctl[fz.STOP_AFTER_STEP] = cfg.check_invariants
         ctl[fz.POOL_BLOCKS] = pool.num_blocks
+        ctl[fz.CLOSED] = 1
+        ctl[fz.LAST_FED] = -1
         pol = self._fused_policy_state(ctl)
         fctl = np.zeros(fz.NUM_FCTL, dtype=np.float64)
+        fctl[fz.LIMIT] = np.inf
         cm = self.cost
         fctl[fz.COST_A:fz.COST_E + 1] = (cm.a_s, cm.b_s_per_prefill_token, cm.c_s_per_decode_seq,
                                          cm.d_s_per_context_token, cm.e_s_per_new_request)
@@ -1352,7 +1430,7 @@ class Engine:
         ps = ps if arrays.packed is None else arrays.packed
         quota_state = arrays.quota_state or quota_state
         s3_state = arrays.s3_state or s3_state
-        log = arrays.debt_log
+        log = self._fused_log = arrays.debt_log
         if log is not None:
             ctl[fz.MAX_SAMPLES] = log.max_samples
             # room for the first step's samples (run_loop asks for more, as for the buffers)
@@ -1363,13 +1441,25 @@ class Engine:
                     held_since: np.ndarray, table: np.ndarray, table_off: np.ndarray,
                     hashes: np.ndarray, hash_off: np.ndarray, queue: tuple,
                     scratch: tuple, pol: tuple, series: tuple) -> int:
-        """One `fused.run_loop` call; returns its code. ``rows``: the object holding the
+        """One `fused.run_loop` call over `fused_args`' arguments (the same parameters);
+        returns its code, after `fused_after`."""
+        args = self.fused_args(ctl, fctl, rows, materialized, held_since, table, table_off,
+                               hashes, hash_off, queue, scratch, pol, series)
+        code = fz.run_loop(*args)
+        self.fused_after(args)
+        return code
+
+    def fused_args(self, ctl: np.ndarray, fctl: np.ndarray, rows, materialized: np.ndarray,
+                   held_since: np.ndarray, table: np.ndarray, table_off: np.ndarray,
+                   hashes: np.ndarray, hash_off: np.ndarray, queue: tuple,
+                   scratch: tuple, pol: tuple, series: tuple) -> tuple:
+        """`fused.run_loop`'s eleven arguments. ``rows``: the object holding the
         per-request arrays by the engine's names (the engine, or a streamed run's window of
         rows, `prefixshield.simulator.stream`); ``queue``: `_fused_queue`; ``scratch``: the
         per-block scratch
         (``hits`` .. ``order``); ``pol``: `_fused_policy_state`; ``series``: ``(occ_t,
-        occ, cre_t, [cre_g, cre_c, cre_b], held_t, held_rows)``. Writes back what the
-        policy's Python side keeps (the debt log's counters, S3-FIFO's ghost slack)."""
+        occ, cre_t, [cre_g, cre_c, cre_b], held_t, held_rows)``. The debt log's counters are
+        copied into a small array the loop updates: `fused_after` copies them back."""
         pool = self.pool
         lists, ps, quota_state, s3_state, log = pol
         occ_t, occ, cre_t, cre, held_t, held_rows = series
@@ -1385,23 +1475,30 @@ class Engine:
         rec = (rows.first_token_s, rows.finish_s, rows.cached_tokens, rows.num_preemptions,
                rows.num_new_blocks, rows.admitted_s, rows.arrival_cached_tokens, rows.block_s,
                held_since)
-        batch = (self._run_ids, self._num_new, self._finished, queue[0])
+        batch = (self._run_ids, self._num_new, self._finished, queue[0], self.fused_feed)
         pool_arrays = (pool.ref_cnt, pool.block_hash, pool.hash_next, pool.owner_group,
                        pool.occupancy, pool.evictions, pool._map_keys, pool._map_vals,
                        pool._map_size)
         pol_arrays = (*lists, ps, *log_cols, log_meta, *quota_state, *s3_state)
-        code = fz.run_loop(ctl, fctl, req, (table, hashes), rec, batch, queue[1], tuple(scratch),
-                           pool_arrays, pol_arrays,
-                           (occ_t, occ, cre_t, *cre, self.kv.held, held_t, held_rows))
+        return (ctl, fctl, req, (table, hashes), rec, batch, queue[1], tuple(scratch),
+                pool_arrays, pol_arrays, (occ_t, occ, cre_t, *cre, self.kv.held, held_t,
+                                          held_rows))
+
+    def fused_after(self, args: tuple) -> None:
+        """After `fused.run_loop` returned over `fused_args`' ``args``: write back what the
+        policy's Python side keeps (the debt log's counters, S3-FIFO's ghost slack)."""
+        log = self._fused_log
         if log is not None:
-            log.size, log.stride, log.num_charges = (int(x) for x in log_meta)
-        pool.policy.fused_done(int(ctl[fz.S3_GHOST_SLACK]))
-        return code
+            log.size, log.stride, log.num_charges = (int(x) for x in args[9][9])
+        self.pool.policy.fused_done(int(args[0][fz.S3_GHOST_SLACK]))
 
     def _oldest_live(self, ctl: np.ndarray, queue: tuple) -> int:
         """The oldest request (row) the fused loop still reads: waiting (in ``queue``,
         `_fused_queue`), running, or the next to arrive."""
         oldest = int(ctl[fz.NEXT_ARRIVAL])
+        if ctl[fz.ROUTED]:  # a fleet replica: its next row, if one was delivered
+            oldest = (int(ctl[fz.CURSOR]) if ctl[fz.NEXT_ARRIVAL] < ctl[fz.N]
+                      else len(self.arrival_s))
         num_running, count = int(ctl[fz.NUM_RUNNING]), int(ctl[fz.WAIT_COUNT])
         if num_running:
             oldest = min(oldest, int(self._run_ids[:num_running].min()))

@@ -117,11 +117,15 @@ CHECK = 1
 GROW = 2
 """The occupancy or creation buffer may not hold the next step's rows: enlarge, call again."""
 NEVER_ADMITTED = 3
+"""Nothing runs, the waiting head (``ctl[ERR_REQUEST]``) does not fit and no request is left
+to arrive (the step-by-step path raises ``EngineError`` there)."""
 NEED_WINDOW = 4
 """The next arrival is past ``ctl[WINDOW_END]``: slide the window of hashes and tables
 (every live request stays in it) and call again."""
-"""Nothing runs, the waiting head (``ctl[ERR_REQUEST]``) does not fit and no request is left
-to arrive (the step-by-step path raises ``EngineError`` there)."""
+PAUSED = 5
+"""A routed replica (``ctl[ROUTED]``, `prefixshield.fleet.fused`) stopped: its next event
+comes at or after ``fctl[LIMIT]``, or it waits for the router (its next row, or the length of
+a decode jump that the next row bounds). A single engine never pauses."""
 
 # What the engine process is doing (ctl[ESTATE]).
 E_TOP = 0
@@ -197,7 +201,27 @@ WINDOW_END = 38
 STEP_HELD_BACK = 39
 """Whether the step's admissions stopped because every waiting request was held back by its
 group's limits (`Engine._step`'s ``held_back``)."""
-NUM_CTL = 40
+ROUTED = 40
+"""A fleet replica's loop (`prefixshield.fleet.fused`): its arrivals are the rows the router
+sends it, linked through ``feed`` (the next row of the same replica, by row) from
+``ctl[CURSOR]``, and ``ctl[N]`` counts the rows delivered so far. 0: every row of the trace
+arrives, in order (``feed`` unread)."""
+CLOSED = 41
+"""No row will be delivered beyond ``ctl[N]`` (always 1 for a single engine)."""
+CURSOR = 42
+"""A routed replica's next row to arrive (valid while ``ctl[NEXT_ARRIVAL] < ctl[N]``)."""
+LAST_FED = 43
+"""A routed replica's last delivered row (-1: none), whose ``feed`` entry the next links."""
+A_SLOT = 44
+"""The arrival process waits for its next row (`prefixshield.fleet.slots.Slot`): its event
+id is ``ctl[EA]``, taken at ``fctl[SLOT_AT]``; the delivery sets its time."""
+J_WAIT = 45
+"""A decode jump of ``ctl[J_K]`` quiet steps waits for the router (its event id ``ctl[EE]``,
+taken at ``sw[JUMP_T0]``): the next row's time bounds it."""
+J_K = 46
+DEFERRED_JUMPS = 47
+"""Decode jumps that waited for the router (`RoutedArrivals.deferred_jumps`)."""
+NUM_CTL = 48
 
 # Policies the loop drives (ctl[POLICY]).
 POLICY_LRU = 0
@@ -228,7 +252,16 @@ COST_B = 4
 COST_C = 5
 COST_D = 6
 COST_E = 7
-NUM_FCTL = 8
+LIMIT = 8
+"""A routed replica processes its events before this time only (inf for a single engine)."""
+SLOT_AT = 9
+ARRIVE_T = 10
+"""The arrival the replica is advanced to (a waiting jump this arrival cannot shorten is
+settled: `RoutedArrivals.jump_settles`)."""
+J_PER_STEP = 11
+J_SLOPE = 12
+"""A waiting jump's first step's seconds and their growth per step."""
+NUM_FCTL = 13
 
 
 @njit(cache=True, inline="always")
@@ -243,6 +276,49 @@ def _schedule_engine_event(ctl, fctl, t):
     fctl[TE] = t
     ctl[EE] = ctl[EID]
     ctl[EID] += 1
+
+
+@njit(cache=True, inline="always")
+def _row(ctl, feed, a):
+    """The trace row of the ``a``-th arrival: ``a`` itself, or a routed replica's
+    ``ctl[CURSOR]`` (``a`` is then ``ctl[NEXT_ARRIVAL]``)."""
+    return ctl[CURSOR] if ctl[ROUTED] else a
+
+
+@njit(cache=True, inline="always")
+def _after(ctl, feed, row):
+    """The row arriving after ``row`` (its arrival is known: ``ctl[NEXT_ARRIVAL] < ctl[N]``)."""
+    return feed[row] if ctl[ROUTED] else row + 1
+
+
+@njit(cache=True)
+def jump_plan(ctl, fctl, wait, bounded, order_fixed):
+    """``Engine._coalesced_decode_batched``'s ``plan(wait)`` of the jump in ``ctl[J_K]`` /
+    ``fctl[J_PER_STEP]`` / ``fctl[J_SLOPE]``: ``(steps, seconds)``, ``(0, 0.0)`` for none.
+    ``bounded`` False: no arrival bounds it (``wait`` unread)."""
+    per_step, slope = fctl[J_PER_STEP], fctl[J_SLOPE]
+    k, seconds = bk.coalesced_time(per_step, slope, ctl[J_K], wait, bounded)
+    if bounded and not order_fixed:
+        # a scheduler whose order moves with decoding (VTC) ends the jump before the step the
+        # next arrival falls in, which then runs on its own
+        k = k - 1 if seconds >= wait else k
+        if k <= 0:
+            return 0, 0.0
+        k, seconds = bk.coalesced_time(per_step, slope, k, 0.0, False)
+    return k, seconds
+
+
+@njit(cache=True)
+def resolve_jump(ctl, fctl, sw, wait, bounded, order_fixed):
+    """The jump waiting for the router takes ``jump_plan(wait)`` (`RoutedArrivals`'s
+    ``_resolve_jump``): its event fires with its id taken when it began, after its seconds
+    (0 steps: at once, and the engine goes on)."""
+    k, seconds = jump_plan(ctl, fctl, wait, bounded, order_fixed)
+    ctl[J_WAIT] = 0
+    if k > 0:
+        ctl[NUM_EVENTS] += 1
+    ctl[JUMP_K] = k
+    fctl[TE] = sw[sk.JUMP_T0] + seconds
 
 
 # PrefixShield's events on its packed state ``ps``, each a function of its own (not inlined:
@@ -543,7 +619,7 @@ def run_loop(ctl, fctl, req, win, rec, batch, sch, scr, pool, pol, series):
     table, hashes = win
     (first_token_s, finish_s, cached_tokens, num_preemptions, num_new_blocks, admitted_s,
      arrival_cached, block_s, held_since) = rec
-    run_ids, num_new, finished, waiting = batch
+    run_ids, num_new, finished, waiting, feed = batch
     sctl, sw, out_before = sch[0], sch[1], sch[16]
     by_sched = sctl[sk.KIND] != sk.KIND_NONE
     order_fixed = sctl[sk.ORDER_FIXED] != 0
@@ -561,6 +637,8 @@ def run_loop(ctl, fctl, req, win, rec, batch, sch, scr, pool, pol, series):
     while True:
         es = ctl[ESTATE]
         now = fctl[NOW]
+        if es == E_DONE:
+            return DONE
         if es == E_TOP:
             if (ctl[NUM_OCC] + 1 > occ_t.shape[0] or ctl[NUM_HELD] + 2 > held_t.shape[0]
                     or ctl[NUM_CRE] + run_ids.shape[0] > cre_t.shape[0]
@@ -571,7 +649,7 @@ def run_loop(ctl, fctl, req, win, rec, batch, sch, scr, pool, pol, series):
                 return GROW
             nrun = ctl[NUM_RUNNING]
             if nrun == 0 and ctl[WAIT_COUNT] == 0:
-                if ctl[NEXT_ARRIVAL] >= n:
+                if ctl[NEXT_ARRIVAL] >= n and ctl[CLOSED]:
                     ctl[ESTATE] = E_DONE
                     return DONE
                 ctl[ESTATE] = E_IDLE
@@ -682,7 +760,7 @@ def run_loop(ctl, fctl, req, win, rec, batch, sch, scr, pool, pol, series):
             if num_scheduled == 0:
                 if preempted:
                     continue  # the last running request preempted itself; iterate again
-                if ctl[NEXT_ARRIVAL] >= n:
+                if ctl[NEXT_ARRIVAL] >= n and ctl[CLOSED]:
                     ctl[ERR_REQUEST] = (sk.peek(sch, False, arrival_s, group_id, state, held)
                                         if by_sched else waiting[ctl[WAIT_HEAD]])
                     return NEVER_ADMITTED
@@ -710,17 +788,23 @@ def run_loop(ctl, fctl, req, win, rec, batch, sch, scr, pool, pol, series):
                 k, pos_sum = bk.quiet_decode_steps(state, run_ids, nseq, B)
                 if k > 0:
                     ctx0 = pos_sum + nseq
-                    per_step = fctl[COST_A] + fctl[COST_C] * nseq + fctl[COST_D] * ctx0
+                    ctl[J_K] = k
+                    fctl[J_PER_STEP] = fctl[COST_A] + fctl[COST_C] * nseq + fctl[COST_D] * ctx0
+                    fctl[J_SLOPE] = fctl[COST_D] * nseq
                     bounded = ctl[NEXT_ARRIVAL] < n
-                    wait = arrival_s[ctl[NEXT_ARRIVAL]] - now if bounded else 0.0
-                    slope = fctl[COST_D] * nseq
-                    k, seconds = bk.coalesced_time(per_step, slope, k, wait, bounded)
-                    if bounded and not order_fixed:
-                        # a scheduler whose order moves with decoding (VTC) ends the jump
-                        # before the step the next arrival falls in, which then runs on its own
-                        k = k - 1 if seconds >= wait else k
-                        if k > 0:
-                            k, seconds = bk.coalesced_time(per_step, slope, k, 0.0, False)
+                    if not bounded and not ctl[CLOSED]:
+                        # a replica whose next row the router has not sent: the jump takes
+                        # its event id now and its length when that row's time is known
+                        ctl[J_WAIT] = 1
+                        ctl[DEFERRED_JUMPS] += 1
+                        sw[sk.JUMP_T0] = now
+                        ctl[EE] = ctl[EID]
+                        ctl[EID] += 1
+                        ctl[ESTATE] = E_JUMP
+                        continue
+                    row = _row(ctl, feed, ctl[NEXT_ARRIVAL])
+                    wait = arrival_s[row] - now if bounded else 0.0
+                    k, seconds = jump_plan(ctl, fctl, wait, bounded, order_fixed)
                     if k > 0:
                         ctl[NUM_EVENTS] += 1
                         ctl[JUMP_K] = k
@@ -729,15 +813,29 @@ def run_loop(ctl, fctl, req, win, rec, batch, sch, scr, pool, pol, series):
                         ctl[ESTATE] = E_JUMP
             continue
         # ---- the engine waits: process the earlier of the two pending events
-        engine_pending = es == E_STEP or es == E_JUMP or (es == E_IDLE and ctl[WAKE_SCHED] != 0)
-        arrival_pending = ctl[NEXT_ARRIVAL] < n
-        if arrival_pending and (not engine_pending or fctl[TA] < fctl[TE]
-                                or (fctl[TA] == fctl[TE] and ctl[EA] < ctl[EE])):
+        engine_pending = (es == E_STEP or (es == E_JUMP and ctl[J_WAIT] == 0)
+                          or (es == E_IDLE and ctl[WAKE_SCHED] != 0))
+        arrival_pending = ctl[NEXT_ARRIVAL] < n and ctl[A_SLOT] == 0
+        if not (engine_pending or arrival_pending):
+            # a routed replica waiting for the router (a single engine always has an event)
+            if ctl[J_WAIT] and (jump_plan(ctl, fctl, fctl[ARRIVE_T] - sw[sk.JUMP_T0], True,
+                                          order_fixed)
+                                == jump_plan(ctl, fctl, 0.0, False, order_fixed)):
+                # no arrival at or after ARRIVE_T changes the jump: it ends where no arrival
+                # bounds it (RoutedArrivals.jump_settles)
+                resolve_jump(ctl, fctl, sw, 0.0, False, order_fixed)
+                continue
+            return PAUSED
+        take_arrival = arrival_pending and (not engine_pending or fctl[TA] < fctl[TE]
+                                            or (fctl[TA] == fctl[TE] and ctl[EA] < ctl[EE]))
+        if (fctl[TA] if take_arrival else fctl[TE]) >= fctl[LIMIT]:
+            return PAUSED
+        if take_arrival:
             # the arrival process resumes: append, wake the engine, schedule the next one
             now = fctl[TA]
             fctl[NOW] = now
             while True:
-                a = ctl[NEXT_ARRIVAL]
+                a = _row(ctl, feed, ctl[NEXT_ARRIVAL])
                 if a >= ctl[WINDOW_END]:
                     # nothing of a is done yet: called again, the loop's top takes this same
                     # branch (the arrival is still the earlier event) and resumes here
@@ -752,14 +850,21 @@ def run_loop(ctl, fctl, req, win, rec, batch, sch, scr, pool, pol, series):
                 else:
                     waiting[(ctl[WAIT_HEAD] + ctl[WAIT_COUNT]) % wcap] = a
                 ctl[WAIT_COUNT] += 1
-                ctl[NEXT_ARRIVAL] = a + 1
+                ctl[NEXT_ARRIVAL] += 1
                 if ctl[ESTATE] == E_IDLE and ctl[WAKE_SCHED] == 0:
                     ctl[WAKE_SCHED] = 1
                     _schedule_engine_event(ctl, fctl, now)
-                if a + 1 >= n:
-                    ctl[EID] += 1  # the process ends (SimPy schedules its Process event)
+                if ctl[NEXT_ARRIVAL] >= n:
+                    if not ctl[CLOSED]:
+                        # a replica: its arrival process waits for the router's next row
+                        ctl[A_SLOT] = 1
+                        fctl[SLOT_AT] = now
+                        ctl[EA] = ctl[EID]
+                    ctl[EID] += 1  # else the process ends (SimPy schedules its Process event)
                     break
-                delay = arrival_s[a + 1] - now
+                nxt = _after(ctl, feed, a)
+                ctl[CURSOR] = nxt
+                delay = arrival_s[nxt] - now
                 if delay > 0:
                     fctl[TA] = now + delay
                     ctl[EA] = ctl[EID]
@@ -772,6 +877,9 @@ def run_loop(ctl, fctl, req, win, rec, batch, sch, scr, pool, pol, series):
             ctl[ESTATE] = E_TOP
             continue
         if es == E_JUMP:
+            if ctl[JUMP_K] == 0:  # a waiting jump the router's row cut to nothing
+                ctl[ESTATE] = E_TOP
+                continue
             ctl[NUM_STEPS] += ctl[JUMP_K]
             # no block opens or fills in a jump: the blocks held throughout are held's
             sk.on_hold(sch, held, now - sw[sk.JUMP_T0])
@@ -844,6 +952,12 @@ def start(ctl, fctl, arrival_s, group_id, waiting, sch):
         ctl[WAIT_COUNT] += 1
         a += 1
     ctl[NEXT_ARRIVAL] = a
+    if a >= n and not ctl[CLOSED]:
+        # a fleet replica (nothing delivered yet): its arrival process waits for its first row
+        ctl[A_SLOT] = 1
+        fctl[SLOT_AT] = 0.0
+        ctl[EA] = ctl[EID]
+        ctl[EID] += 1
 
 
 @njit(cache=True)

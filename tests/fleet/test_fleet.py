@@ -36,10 +36,10 @@ def _trace(workload: str, scheduler: str = "fcfs", alpha: float = 0.6):
     return build_trace(spec)[0], eng, spec.profile.cost
 
 
-def _fleet(workload, policy, fleet, scheduler="fcfs", alpha=0.6):
+def _fleet(workload, policy, fleet, scheduler="fcfs", alpha=0.6, fused=True):
     trace, eng, cost = _trace(workload, scheduler, alpha)
     return run_fleet(trace, lambda: make_policy(policy, 512, vllm_compat=eng.vllm_compat), cost,
-                     eng, DEFAULT_CONTRACTS, fleet)
+                     eng, DEFAULT_CONTRACTS, fleet, fused=fused)
 
 
 def _same_run(a, b) -> None:
@@ -140,7 +140,10 @@ def test_round_robin_takes_turns_and_least_loaded_takes_the_shortest_queue(monke
         return choice
 
     monkeypatch.setattr(LeastLoaded, "route", spy)
-    _fleet("sharegpt", "lru", FleetConfig(3, RouterConfig("least_loaded")), alpha=3.0)
+    # the Python loop, where the router object decides (the compiled loop's choices are the
+    # same: tests/fleet/test_fleet_fused.py)
+    _fleet("sharegpt", "lru", FleetConfig(3, RouterConfig("least_loaded")), alpha=3.0,
+           fused=False)
     assert all(loads[c] == min(loads) for loads, c in seen)
     assert any(max(loads) > min(loads) for loads, _ in seen)  # queues did differ
 
@@ -268,7 +271,9 @@ def test_a_replica_counts_the_requests_its_scheduler_holds(monkeypatch, schedule
         return reads[-1][0]
 
     monkeypatch.setattr(LockstepReplica, "num_requests", spy)
+    # the Python loop's replicas (the compiled loop reads the same count in its kernel,
+    # tests/fleet/test_fleet_fused.py)
     _fleet("sharegpt", "lru", FleetConfig(2, RouterConfig("least_loaded")), scheduler,
-           alpha=3.0)
+           alpha=3.0, fused=False)
     assert all(got == queued + rest for got, queued, rest in reads)
     assert max(got for got, _, _ in reads) > 2  # requests did wait

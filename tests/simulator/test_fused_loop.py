@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from helpers import assert_same_run as same_run, make_trace, small_trace
+from helpers import (RANDOM_REQUEST, assert_same_run as same_run, make_trace, random_cost,
+                     random_rows, small_trace)
 from prefixshield.policies import POLICIES, make_policy
 from prefixshield.scheduling import SchedulerConfig, TenantLimits
 from prefixshield.scheduling.vtc import VTCScheduler
@@ -180,11 +181,6 @@ def test_the_fused_s3fifo_runs_reach_ghost_hits_and_main_reinsertions():
             "pinned_kept_small", "pinned_kept_main")), (workload, stats)
 
 
-# (arrival s, shared prefix id, tail tokens / block, output tokens / block, group)
-request = st.tuples(st.floats(0, 0.5), st.integers(0, 3), st.floats(0.05, 2.0),
-                    st.floats(0.05, 6.0), st.integers(0, 1))
-
-
 # PrefixShield's switches and small bounds (history, debt log) that change its decisions
 prefixshield_params = st.fixed_dictionaries({}, optional={
     "segmentation": st.booleans(), "debt_gate": st.booleans(),
@@ -194,7 +190,7 @@ prefixshield_params = st.fixed_dictionaries({}, optional={
 
 
 @settings(max_examples=160, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(reqs=st.lists(request, min_size=1, max_size=14), compat=st.sampled_from(COMPATS),
+@given(reqs=st.lists(RANDOM_REQUEST, min_size=1, max_size=14), compat=st.sampled_from(COMPATS),
        num_blocks=st.integers(12, 32), block_size=st.sampled_from([4, 16]),
        max_tokens=st.sampled_from([24, 64, 8192]), max_seqs=st.sampled_from([2, 3, 256]),
        reserve=st.sampled_from([None, True, False]), coalesce=st.booleans(),
@@ -207,18 +203,12 @@ def test_random_small_traces_run_bit_identical_in_the_fused_loop(reqs, compat, n
     # Preemption, evictions, chunked prefill, small max_num_seqs, prefix hits across requests
     # of one group; ``tied`` puts arrivals on a coarse grid so that several arrive at once and
     # at step boundaries (SimPy's event order decides those ties).
-    reqs = sorted(reqs)
-    B = block_size
-    rows = [dict(arrival_s=round(8 * t) / 8 if tied else t, segment_ids=[p, 100 + i],
-                 segment_lengths=[2 * B, max(1, round(n * B))], output_tokens=max(1, round(o * B)),
-                 group=f"g{g}", prefix_id=p)
-            for i, (t, p, n, o, g) in enumerate(reqs)]
+    rows = random_rows(reqs, block_size, tied)
     config = EngineConfig(num_blocks=num_blocks, block_size=block_size, vllm_compat=compat,
                           max_num_batched_tokens=max_tokens, max_num_seqs=max_seqs,
                           reserve_full_prompt=reserve, check_invariants=check)
     # steps of 1/64 s (prefill free; binary fractions add exactly) end on the arrivals' grid
-    cost = (CostModel(1 / 64, 0.0, 0.0, 0.0, 0.0) if tied
-            else CostModel(0.01, 0.0005, 0.001, 1e-6, 0.002))
+    cost = random_cost(tied)
     result = three_paths(make_trace(rows, seed=len(reqs)), config, cost, coalesce, policy,
                          **(params if policy == "prefixshield" else {}))
     event(f"policy: {policy}")
@@ -252,7 +242,7 @@ schedulers = st.one_of(
 
 
 @settings(max_examples=160, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(reqs=st.lists(request, min_size=1, max_size=14), num_blocks=st.integers(11, 24),
+@given(reqs=st.lists(RANDOM_REQUEST, min_size=1, max_size=14), num_blocks=st.integers(11, 24),
        max_tokens=st.sampled_from([24, 64, 8192]), max_seqs=st.sampled_from([2, 3, 256]),
        coalesce=st.booleans(), tied=st.booleans(), policy=st.sampled_from(FUSED_POLICIES),
        scheduler=schedulers)
@@ -263,19 +253,11 @@ def test_random_small_traces_run_bit_identical_under_every_scheduler(reqs, num_b
     # Victims anywhere in the running order (priority, VTC), budgets given back, requests
     # held back by limits, counter lifts, jumps that end before an arrival (VTC's order moves
     # with decoding): the fused loop's scheduler kernels against the Python schedulers.
-    reqs = sorted(reqs)
     B = 4
-    rows = [dict(arrival_s=round(8 * t) / 8 if tied else t, segment_ids=[p, 100 + i],
-                 segment_lengths=[2 * B, max(1, round(n * B))], output_tokens=max(1, round(o * B)),
-                 group=f"g{g}", prefix_id=p)
-            for i, (t, p, n, o, g) in enumerate(reqs)]
-    if {r["group"] for r in rows} != {"g0", "g1"}:
-        rows.append(dict(rows[-1], group="g1" if rows[-1]["group"] == "g0" else "g0",
-                         segment_ids=[0, 99]))  # both groups: the configs name them
+    rows = random_rows(reqs, B, tied, both_groups=True)  # both groups: the configs name them
     config = EngineConfig(num_blocks=num_blocks, block_size=B, max_num_batched_tokens=max_tokens,
                           max_num_seqs=max_seqs, scheduler=scheduler)
-    cost = (CostModel(1 / 64, 0.0, 0.0, 0.0, 0.0) if tied
-            else CostModel(0.01, 0.0005, 0.001, 1e-6, 0.002))
+    cost = random_cost(tied)
     result = three_paths(make_trace(rows, seed=len(reqs)), config, cost, coalesce, policy)
     event(f"scheduler: {scheduler.name}")
     if result is None:

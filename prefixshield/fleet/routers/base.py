@@ -70,7 +70,7 @@ class RequestInfo:
 
     def __init__(self, groups: list[str], group_id: np.ndarray, prefix_id: np.ndarray,
                  prompt_tokens: np.ndarray, output_tokens: np.ndarray, block_size: int,
-                 hashes=None, content_hashes=None) -> None:
+                 hashes=None, content_hashes=None, flat_content=None) -> None:
         self.groups = groups
         self.group_id = group_id
         self.prefix_id = prefix_id
@@ -79,6 +79,14 @@ class RequestInfo:
         self.block_size = block_size
         self.hashes = hashes
         self.content_hashes = content_hashes
+        self._flat_content = flat_content
+
+    def flat_content_hashes(self) -> np.ndarray:
+        """Every row's `content_hashes` in one array, row i's at the offsets of the fleet's
+        hashes (`prefixshield.fleet.hashes.trace_hashes`; a compiled router reads them)."""
+        if self._flat_content is None:
+            raise TypeError("these requests carry no flat content hashes")
+        return self._flat_content()
 
     def prompt_hashes(self, row: int, content: bool = False) -> np.ndarray:
         """Hashes of the request's prompt blocks that a lookup may hit: the first
