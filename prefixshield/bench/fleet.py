@@ -13,11 +13,18 @@ run:
   share as an ordinary engine, one after another in the process;
 * ``split round_robin, process``: the same on the process executor with `WORKERS`
   workers (the driver's peak RSS and, in ``detail``, the largest worker's ``VmHWM``);
-* ``lockstep least_loaded``: the replicas in one loop, the router reading their queues at
-  every arrival (the per-step engine path: the fused loop needs every arrival up front).
+* ``lockstep least_loaded``: the replicas in one compiled loop, the router reading their
+  queues at every arrival (`prefixshield.fleet.fused`: each replica's fused loop takes
+  the rows the router sends it);
+* ``lockstep kv_aware``: the same with the router reading every replica's pool, pending
+  prefill and held blocks at every arrival;
+* ``lockstep least_loaded, Python loop``: the first lockstep row on the Python loop
+  (`prefixshield.fleet.lockstep`: each replica a SimPy engine on the per-step path), what a
+  fleet ledger or a third-party router runs on.
 
 Each row gives wall seconds of the run (``run_fleet`` or ``Engine.run``; the trace build is
-not timed), microseconds per request, its ratio to the single engine's (``vs single``), the
+not timed), microseconds per request, its ratio to the single engine's (``vs single``) and,
+for the lockstep rows, to the split run's in this process (``vs split``), the
 process's CPU microseconds per request (the driver's only, on the process executor), and the
 peak RSS. A lockstep row that would pass `LOCKSTEP_TIMEOUT_S` is abandoned and says
 so (nothing is extrapolated). ``--quick`` runs the rows in this process (seconds; no RSS).
@@ -42,12 +49,16 @@ WORKERS = 2
 """Process-executor workers (the bench machines have 2 cores)."""
 ROWS = (("single engine", None, None, None), ("split round_robin", "split", "round_robin", None),
         ("split round_robin, process", "split", "round_robin", "process"),
-        ("lockstep least_loaded", "lockstep", "least_loaded", None))
-"""``(part, fleet mode, router, executor)`` of each row (mode None: one engine)."""
+        ("lockstep least_loaded", "lockstep", "least_loaded", None),
+        ("lockstep kv_aware", "lockstep", "kv_aware", None),
+        ("lockstep least_loaded, Python loop", "lockstep", "least_loaded", "python"))
+"""``(part, fleet mode, router, executor)`` of each row (mode None: one engine; executor
+``python``: a lockstep run on the Python loop)."""
 TIMEOUT_S = 1800.0
 """A child is abandoned (and its row says so) past this many seconds."""
 LOCKSTEP_TIMEOUT_S = 1800.0
-"""The lockstep row's limit (about 90 s at 10^6 requests and 16 replicas here, 2026-12-03)."""
+"""The lockstep rows' limit (the Python loop's took about 90 s at 10^6 requests and 16
+replicas here, 2026-12-03)."""
 QUICK_DURATION_S = 8.0
 """Measured-phase seconds of the warm-up trace and of the ``--quick`` sizing's pilot."""
 
@@ -68,7 +79,8 @@ def _workers_peak(executor) -> int | None:
 
 
 def _run_once(trace, mode: str | None, router: str | None, replicas: int, executor) -> None:
-    """One engine (``mode`` None) or one fleet run of ``trace`` under LRU."""
+    """One engine (``mode`` None) or one fleet run of ``trace`` under LRU, on ``executor``
+    (an executor, None, or ``"python"``: a lockstep run on the Python loop)."""
     from prefixshield.bench.traces import lru_engine
     from prefixshield.fleet.config import FleetConfig
     from prefixshield.fleet.routers.base import RouterConfig
@@ -82,9 +94,10 @@ def _run_once(trace, mode: str | None, router: str | None, replicas: int, execut
         lru_engine(trace).run()
         return
     fleet = FleetConfig(replicas, router=RouterConfig(name=router), mode=mode)
+    python = executor == "python"
     run_fleet(trace, functools.partial(make_policy, "lru", ENGINE_BLOCKS),
               load_profile(ENGINE_PROFILE).cost, EngineConfig(num_blocks=ENGINE_BLOCKS),
-              DEFAULT_CONTRACTS, fleet, executor)
+              DEFAULT_CONTRACTS, fleet, None if python else executor, fused=not python)
 
 
 def measure(requests: int, replicas: int, mode: str | None, router: str | None,
@@ -100,12 +113,13 @@ def measure(requests: int, replicas: int, mode: str | None, router: str | None,
     trace = cheap_trace(QUICK_DURATION_S if quick else duration_for(requests))
     build_s = time.perf_counter() - t0
     after_build = peak_rss()
-    ex = make_executor(executor, workers) if executor else None
+    ex = make_executor(executor, workers) if executor not in (None, "python") else None
+    on = "python" if executor == "python" else ex
     try:
         # untimed: kernels loaded here and in the workers
-        _run_once(cheap_trace(QUICK_DURATION_S), mode, router, replicas, ex)
+        _run_once(cheap_trace(QUICK_DURATION_S), mode, router, replicas, on)
         c0, t0 = time.process_time(), time.perf_counter()
-        _run_once(trace, mode, router, replicas, ex)
+        _run_once(trace, mode, router, replicas, on)
         run_s, cpu_s = time.perf_counter() - t0, time.process_time() - c0
         worker_peak = _workers_peak(ex)
     finally:
@@ -127,6 +141,7 @@ COLUMNS = [Column("part", "part"), Column("size", "requests", ","),
            Column("replicas", "replicas", ","), Column("wall_s", "wall s", ".2f"),
            Column("us_per_request", "us/request", ".2f"),
            Column("vs_single", "vs single", ".1f", "x"),
+           Column("vs_split", "vs split", ".1f", "x"),
            Column("cpu_us_per_request", "CPU us/request", ".2f"),
            Column("peak_rss_mib", "peak RSS MiB", ",.0f"), Column("detail", "detail")]
 
@@ -141,7 +156,8 @@ def _row(part: str, replicas: int, m: dict, single_us: float | None) -> dict:
     engine's us/request (None: this is that row, or it failed)."""
     if "error" in m:
         return {"part": part, "size": None, "replicas": replicas, "wall_s": None,
-                "us_per_request": None, "vs_single": None, "cpu_us_per_request": None,
+                "us_per_request": None, "vs_single": None, "vs_split": None,
+                "cpu_us_per_request": None,
                 "peak_rss_mib": None, "detail": m["error"]}
     n, mib = m["requests"], 1 << 20
     us = m["run_s"] / n * 1e6
@@ -158,7 +174,7 @@ def _row(part: str, replicas: int, m: dict, single_us: float | None) -> dict:
         detail += f"; largest worker's peak RSS {m['worker_peak'] / mib:,.0f} MiB"
     return {"part": part, "size": n, "replicas": replicas, "wall_s": m["run_s"],
             "us_per_request": us,
-            "vs_single": ratio(us, single_us) if single_us else None,
+            "vs_single": ratio(us, single_us) if single_us else None, "vs_split": None,
             "cpu_us_per_request": m["cpu_s"] / n * 1e6, "peak_rss_mib": peak,
             "detail": detail}
 
@@ -167,11 +183,12 @@ def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
     """Every row (see the module docstring); ``quick``: a small trace, in this process."""
     res = SectionResult(
         "fleet", "fleet: split and lockstep runs vs one engine on the same trace (us per "
-                 "request; vs single = fleet / single engine), peak RSS of each",
+                 "request; vs single = fleet / single engine; vs split = lockstep / split "
+                 "round_robin), peak RSS of each",
         list(COLUMNS))
     n = REQUESTS
     replicas = QUICK_REPLICAS if quick else REPLICAS
-    single_us = None
+    single_us = split_us = None
     for part, mode, router, executor in ROWS:
         tick(f"fleet: {part}" + ("" if quick else f", {n:,} requests"))
         if quick:
@@ -183,6 +200,10 @@ def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
         row = _row(part, 1 if mode is None else replicas, m, single_us)
         if mode is None and row["us_per_request"]:
             single_us, row["vs_single"] = row["us_per_request"], 1.0
+        if mode == "split" and executor is None and row["us_per_request"]:
+            split_us, row["vs_split"] = row["us_per_request"], 1.0
+        elif mode == "lockstep" and split_us and row["us_per_request"]:
+            row["vs_split"] = ratio(row["us_per_request"], split_us)
         res.rows.append(row)
     res.extra.update(engine_setup(), replicas=replicas, workers=WORKERS)
     res.notes.append(

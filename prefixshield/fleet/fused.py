@@ -402,7 +402,8 @@ class _Replicas:
         self.runs: list[FusedRun] = []
         for rep in replicas:
             rep.fused_feed = feed
-            run = rep.fused_begin(n, self.runs[0] if self.runs else None)
+            run = rep.fused_begin(n, self.runs[0] if self.runs else None,
+                                  served=-(-n // len(replicas)))
             run.ctl[fz.ROUTED], run.ctl[fz.CLOSED], run.ctl[fz.N] = 1, 0, 0
             self.runs.append(run)
         self.hashes, self.table = first._fused_window(self.runs[0].ctl, self.hash_off,

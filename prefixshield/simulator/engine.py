@@ -1266,23 +1266,26 @@ class Engine:
         np.cumsum(-(-total // B) + 1, out=table_off[1:])
         return hash_off, table_off
 
-    def fused_begin(self, n: int, shared: "FusedRun | None" = None) -> "FusedRun":
+    def fused_begin(self, n: int, shared: "FusedRun | None" = None,
+                    served: int | None = None) -> "FusedRun":
         """The state of a fused run over ``n`` requests, before `fused.start`: the loop's
         control arrays, the policy's and the scheduler's state, the scratch and the series'
         first buffers (`FusedRun`). ``shared``: another engine's run over the same rows (a
         fleet replica's), whose per-request arrays (``materialized``, ``held_since``) this one
-        then uses."""
+        then uses. ``served``: about how many of the rows this engine serves (a replica's
+        share), which sizes the first buffers; None: all ``n``."""
         pool = self.pool
         ctl, fctl, pol = self._fused_setup(n)
         # First guesses (a run records about one occupancy row per step that touches the pool
         # and a few creations per request); run_loop asks for more when a step might not fit.
         rows = self.FUSED_FIRST_ROWS
-        occ_t = np.empty(rows or 2 * n + 1024, dtype=np.float64)
+        served = n if served is None else served
+        occ_t = np.empty(rows or 2 * served + 1024, dtype=np.float64)
         occ = np.empty((occ_t.shape[0], pool.num_groups), dtype=np.int64)
         occ_t[0] = self._occ_t[0]
         occ[0] = self._occ[0]
         ctl[fz.NUM_OCC] = 1
-        cap = rows or 4 * n + self._run_ids.shape[0] + 1024
+        cap = rows or 4 * served + self._run_ids.shape[0] + 1024
         held_t = np.empty(occ_t.shape[0], dtype=np.float64)
         held_rows = np.empty((held_t.shape[0], pool.num_groups), dtype=np.int64)
         held_t[0] = self._held_t[0]
