@@ -39,6 +39,7 @@ import numpy as np
 from numba import njit
 
 from prefixshield.fleet.addresses import address_row, views_like
+from prefixshield.fleet.ledger import FleetLedger
 from prefixshield.scheduling import kernels as sk
 from prefixshield.simulator import batch as bk
 from prefixshield.simulator import fused as fz
@@ -83,7 +84,9 @@ F_BLOCK_SIZE = 6
 F_IMBALANCE = 7
 F_TREE_COUNT = 8
 """Distinct content hashes in ``prefix_affinity``'s table."""
-NUM_FL = 9
+F_LEDGER = 9
+"""The replicas share a fleet ledger: they are advanced in one time order (`_advance_merged`)."""
+NUM_FL = 10
 
 # ffl slots (float64).
 FF_MATCH_RATIO = 0
@@ -249,8 +252,7 @@ def grow_trees(keys, masks, new_keys, new_masks):
 @njit(cache=True)
 def _route(fl, ffl, proto, table, rt, i, lo):
     """The replica the router sends row ``i`` to (as the router's ``route`` decides it)."""
-    (assignment, hashes, hash_off, content, prompt_tokens, keys, masks, sizes, loads,
-     costs) = rt
+    assignment, hashes, hash_off, content, prompt_tokens, keys, masks, sizes, loads, costs = rt[:10]
     R = table.shape[0]
     kind = fl[F_ROUTER]
     if kind == R_FIXED:
@@ -314,6 +316,55 @@ def _route(fl, ffl, proto, table, rt, i, lo):
     return choice
 
 
+@njit(cache=True)
+def _deliver_charge(proto, table, led):
+    """`FleetLedger.deliver_next`: the earliest due charge, applied to every replica's copy but
+    its maker's at its delivery time."""
+    at, k = fz.ledger_pop(led)
+    origin = led[1][k]
+    for r in range(table.shape[0]):
+        if r != origin:
+            ps = views_like(proto, table[r])[9][4]
+            fz.ps_remote_charge(ps, led[4][k], led[2][k], led[3][k], at)
+
+
+@njit(cache=True)
+def _advance_merged(fl, proto, table, t, limits):
+    """`prefixshield.fleet.lockstep._advance_merged`: every replica's events before an
+    arrival at ``t`` could be (``t = inf``: to the end) and the fleet ledger's deliveries due
+    no later than the last of them, in one time order (the earliest event first, replicas by
+    index at one instant, a delivery due by then before it), one event at a time
+    (``ctl[ONE_EVENT]``). Returns `fused.PAUSED`, or a replica's code (``fl[F_REPLICA]``)."""
+    R = table.shape[0]
+    for r in range(R):
+        args = views_like(proto, table[r])
+        ctl, fctl, sch = args[0], args[1], args[6]
+        limits[r] = _horizon(ctl, fctl, t)
+        fz.jump_settles(ctl, fctl, sch[1], t, sch[0][sk.ORDER_FIXED] != 0)
+    led = views_like(proto, table[0])[10][9:]
+    while True:
+        best, at = -1, np.inf
+        for r in range(R):
+            args = views_like(proto, table[r])
+            e = _next_event(args[0], args[1])
+            if e < limits[r] and e < at:
+                best, at = r, e
+        if best < 0:
+            return fz.PAUSED
+        if fz.ledger_next_due(led) <= at:
+            _deliver_charge(proto, table, led)
+            continue
+        args = views_like(proto, table[best])
+        ctl, fctl = args[0], args[1]
+        fctl[fz.LIMIT] = limits[best]
+        fctl[fz.ARRIVE_T] = t
+        ctl[fz.ONE_EVENT] = 1
+        code = fz.run_loop(*args)
+        if code != fz.PAUSED and code != fz.DONE:  # a replica done has no event left
+            fl[F_REPLICA] = best
+            return code
+
+
 @njit(cache=True, _nrt=False)
 def fleet_loop(fl, ffl, proto, table, arrival_s, rt, lo):
     """Route and run every row (see the module docstring) from the state in ``fl`` / ``ffl``
@@ -323,7 +374,8 @@ def fleet_loop(fl, ffl, proto, table, arrival_s, rt, lo):
     `fused.NEED_WINDOW` (the next row to route is past ``fl[F_WINDOW_END]``) or
     `GROW_TREES`; after the caller handles it, a call goes on where it stopped. ``rt``: the
     router's arrays ``(assignment, hashes, hash_off, content, prompt_tokens, keys, masks,
-    sizes, loads, costs)``; ``lo``: per replica, where its pending prefill's scan starts."""
+    sizes, loads, costs)`` and the replicas' limits (scratch); ``lo``: per replica, where its
+    pending prefill's scan starts."""
     R = table.shape[0]
     n = arrival_s.shape[0]
     assignment, content, keys = rt[0], rt[3], rt[5]
@@ -342,18 +394,23 @@ def fleet_loop(fl, ffl, proto, table, arrival_s, rt, lo):
             if 2 * (fl[F_TREE_COUNT] + m) > keys.shape[0]:
                 return GROW_TREES
         t = arrival_s[i]
-        for r in range(R):
-            args = views_like(proto, table[r])
-            ctl, fctl = args[0], args[1]
-            limit = _horizon(ctl, fctl, t)
-            if ctl[fz.J_WAIT] == 0 and _next_event(ctl, fctl) >= limit:
-                continue  # nothing of it comes before the arrival: it is as it would be
-            fctl[fz.LIMIT] = limit
-            fctl[fz.ARRIVE_T] = t
-            code = fz.run_loop(*args)
+        if fl[F_LEDGER]:
+            code = _advance_merged(fl, proto, table, t, rt[10])
             if code != fz.PAUSED:
-                fl[F_REPLICA] = r
                 return code
+        else:
+            for r in range(R):
+                args = views_like(proto, table[r])
+                ctl, fctl = args[0], args[1]
+                limit = _horizon(ctl, fctl, t)
+                if ctl[fz.J_WAIT] == 0 and _next_event(ctl, fctl) >= limit:
+                    continue  # nothing of it comes before the arrival: it is as it would be
+                fctl[fz.LIMIT] = limit
+                fctl[fz.ARRIVE_T] = t
+                code = fz.run_loop(*args)
+                if code != fz.PAUSED:
+                    fl[F_REPLICA] = r
+                    return code
         choice = _route(fl, ffl, proto, table, rt, i, lo)
         fl[F_LAST] = choice
         args = views_like(proto, table[choice])
@@ -362,8 +419,16 @@ def fleet_loop(fl, ffl, proto, table, arrival_s, rt, lo):
             lo[choice, 1] = i  # the pending prefill's scan starts at this replica's row
         assignment[i] = choice
         fl[F_NEXT_ROW] = i + 1
+    if fl[F_LEDGER]:
+        code = _advance_merged(fl, proto, table, np.inf, rt[10])
+        if code != fz.PAUSED:
+            return code
+        led = views_like(proto, table[0])[10][9:]
+        while fz.ledger_next_due(led) < np.inf:  # FleetLedger.flush
+            _deliver_charge(proto, table, led)
     for r in range(R):
         args = views_like(proto, table[r])
+        args[0][fz.ONE_EVENT] = 0
         args[1][fz.LIMIT] = np.inf
         code = fz.run_loop(*args)
         if code != fz.DONE:
@@ -374,13 +439,16 @@ def fleet_loop(fl, ffl, proto, table, arrival_s, rt, lo):
 
 # ---------------------------------------------------------------- the Python side
 def applies(replicas: list[Engine], router, ledger) -> bool:
-    """Whether `run_compiled` can run this lockstep fleet: no fleet ledger, every replica
-    one the fused loop drives (`Engine.fused_capable`), and a router that reads no state or
-    is exactly one of `COMPILED_ROUTERS` (``prefix_affinity`` over at most
-    `MAX_AFFINITY_REPLICAS` replicas)."""
+    """Whether `run_compiled` can run this lockstep fleet: every replica one the fused loop
+    drives (`Engine.fused_capable`), a router that reads no state or is exactly one of
+    `COMPILED_ROUTERS` (``prefix_affinity`` over at most `MAX_AFFINITY_REPLICAS`
+    replicas), and no ledger or a `FleetLedger` (exactly; its charges and deliveries are
+    compiled here)."""
     from prefixshield.fleet.routers.base import ROUTERS
 
-    if ledger is not None or not all(rep.fused_capable() for rep in replicas):
+    if ledger is not None and type(ledger) is not FleetLedger:
+        return False
+    if not all(rep.fused_capable() for rep in replicas):
         return False
     if not router.reads_state:
         return True
@@ -393,10 +461,16 @@ def applies(replicas: list[Engine], router, ledger) -> bool:
 class _Replicas:
     """The replicas' fused runs and their argument tuples, by address (`address_row`)."""
 
-    def __init__(self, replicas: list[Engine]) -> None:
+    def __init__(self, replicas: list[Engine], ledger: FleetLedger | None) -> None:
         self.replicas = replicas
         first = replicas[0]
         n = len(first.arrival_s)
+        self.ledger = ledger
+        if ledger is not None:
+            # as the engine's first creation buffer (FUSED_FIRST_ROWS: the tests' small one)
+            self._ledger_arrays(first.FUSED_FIRST_ROWS or 4 * n + 1024)
+            self.led[5][fz.L_REPLICAS] = len(replicas)
+            self.led[6][fz.L_STALENESS] = ledger.staleness_s
         self.hash_off, self.table_off = first.fused_offsets()
         feed = np.full(n, -1, dtype=np.int64)  # each row's next row on its replica
         self.runs: list[FusedRun] = []
@@ -405,6 +479,8 @@ class _Replicas:
             run = rep.fused_begin(n, self.runs[0] if self.runs else None,
                                   served=-(-n // len(replicas)))
             run.ctl[fz.ROUTED], run.ctl[fz.CLOSED], run.ctl[fz.N] = 1, 0, 0
+            if ledger is not None:
+                run.ctl[fz.LEDGER], run.ctl[fz.REPLICA_ID] = 1, len(self.runs)
             self.runs.append(run)
         self.hashes, self.table = first._fused_window(self.runs[0].ctl, self.hash_off,
                                                       self.table_off, 0, 0, None, None)
@@ -413,6 +489,42 @@ class _Replicas:
             fz.start(run.ctl, run.fctl, rep.arrival_s, rep.group_id, *run.queue)
         self.args = [self._args(r) for r in range(len(replicas))]
         self.addresses = np.stack([address_row(a) for a in self.args])
+
+    def _ledger_arrays(self, cap: int, old: tuple | None = None) -> None:
+        """The fleet ledger's arrays (`fused.ledger_post`) with room for ``cap`` charges,
+        what ``old`` held copied over; every replica posts to them."""
+        cols = (np.empty(cap, dtype=np.float64), *(np.empty(cap, dtype=np.int64)
+                                                   for _ in range(4)))
+        heap = (np.empty(cap, dtype=np.float64), np.empty(cap, dtype=np.int64))
+        meta, fmeta = np.zeros(3, dtype=np.int64), np.zeros(1, dtype=np.float64)
+        if old is not None:
+            meta[:], fmeta[:] = old[5], old[6]
+            k, h = int(meta[fz.L_COUNT]), int(meta[fz.L_HEAP])
+            for new, was in zip(cols, old[:5]):
+                new[:k] = was[:k]
+            for new, was in zip(heap, old[7:]):
+                new[:h] = was[:h]
+        self.led = (*cols, meta, fmeta, *heap)
+        for rep in self.replicas:
+            rep.fused_ledger = self.led
+
+    def grow_ledger(self) -> None:
+        """Double the ledger's room if a step might not fit (`fused.GROW`)."""
+        led = self.led
+        most = max(rep._run_ids.shape[0] for rep in self.replicas)
+        if led[5][fz.L_COUNT] + most > led[0].shape[0]:
+            self._ledger_arrays(2 * led[0].shape[0] + most, led)
+            for r in range(len(self.replicas)):
+                self.refresh(r)
+
+    def ledger_log(self) -> None:
+        """The charges into the `FleetLedger`'s log (every delivery made: nothing due)."""
+        led, ledger = self.led, self.ledger
+        k = int(led[5][fz.L_COUNT])
+        ledger.t_s = led[0][:k].tolist()
+        ledger.replica, ledger.group, ledger.contract, ledger.blocks = (
+            col[:k].tolist() for col in led[1:5])
+        ledger._due = []
 
     def _args(self, r: int) -> tuple:
         rep, run = self.replicas[r], self.runs[r]
@@ -435,11 +547,13 @@ class _Replicas:
         self.addresses[r] = address_row(self.args[r])
 
     def grow(self, r: int) -> None:
-        """`fused.GROW` of replica ``r``."""
+        """`fused.GROW` of replica ``r`` (its buffers, or the fleet ledger's)."""
         rep = self.replicas[r]
         rep.fused_after(self.args[r])
         rep.fused_grow(self.runs[r])
         self.refresh(r)
+        if self.ledger is not None:
+            self.grow_ledger()
 
     def slide(self, next_row: int) -> int:
         """The next window (`fused.NEED_WINDOW` before routing ``next_row``), from the oldest
@@ -472,21 +586,25 @@ class _Replicas:
 
 
 def run_compiled(replicas: list, router, arrival_s: np.ndarray, hashes: np.ndarray,
-                 hash_offsets: np.ndarray, info) -> np.ndarray:
+                 hash_offsets: np.ndarray, info, ledger: FleetLedger | None = None
+                 ) -> np.ndarray:
     """`prefixshield.fleet.lockstep.run_lockstep` in one compiled loop (where `applies`):
     route every row of the trace through ``router`` to ``replicas`` (`LockstepReplica`\\ s
     built over the whole trace, not started) and run them to the end; the same assignment,
-    records and replica results. ``hashes``, ``hash_offsets``, ``info``: the fleet's
-    (`prefixshield.fleet.hashes.trace_hashes`). Returns the replica of every row (int64);
-    an engine error of any replica is raised (the first replica's first)."""
+    records, replica results and ledger log. ``hashes``, ``hash_offsets``, ``info``: the
+    fleet's (`prefixshield.fleet.hashes.trace_hashes`); ``ledger``: the replicas' policies
+    share it (linked to it), its log is filled in. Returns the replica of every row (int64);
+    an engine error of any replica is raised (the first replica's first; under a ledger, the
+    first in the fleet's time order)."""
     n = arrival_s.shape[0]
     R = len(replicas)
-    reps = _Replicas(replicas)
+    reps = _Replicas(replicas, ledger)
     fl = np.zeros(NUM_FL, dtype=np.int64)
     ffl = np.zeros(NUM_FFL, dtype=np.float64)
     fl[F_WINDOW_END] = reps.runs[0].ctl[fz.WINDOW_END]
     fl[F_BLOCK_SIZE] = info.block_size
     fl[F_LAST] = getattr(router, "_last", -1)
+    fl[F_LEDGER] = ledger is not None
     if router.reads_state:
         fl[F_ROUTER] = COMPILED_ROUTERS[router.name]
         assignment = np.zeros(n, dtype=np.int64)
@@ -507,7 +625,8 @@ def run_compiled(replicas: list, router, arrival_s: np.ndarray, hashes: np.ndarr
     keys, masks = np.zeros(cap, dtype=np.uint64), np.zeros(cap, dtype=np.uint64)
     sizes = np.zeros(R, dtype=np.int64)
     rt = (assignment, hashes, hash_offsets, content, info.prompt_tokens.astype(np.int64),
-          keys, masks, sizes, np.zeros(R, dtype=np.int64), np.zeros(R, dtype=np.float64))
+          keys, masks, sizes, np.zeros(R, dtype=np.int64), np.zeros(R, dtype=np.float64),
+          np.zeros(R, dtype=np.float64))
     lo = np.zeros((R, 2), dtype=np.int64)
     lo[:, 1] = -1
     while True:
@@ -530,6 +649,8 @@ def run_compiled(replicas: list, router, arrival_s: np.ndarray, hashes: np.ndarr
         else:  # fz.NEVER_ADMITTED, after the close
             raise replicas[r].fused_error(reps.runs[r].ctl)
     reps.finish(assignment)
+    if ledger is not None:
+        reps.ledger_log()
     if hasattr(router, "_last"):
         router._last = int(fl[F_LAST])
     if affinity:

@@ -157,7 +157,7 @@ def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
         ledger = FleetLedger(policies, fleet.ledger_staleness_s) if shared else None
         if fused and fleet_fused.applies(reps, router, ledger):
             assignment = fleet_fused.run_compiled(reps, router, reps[0].arrival_s, hashes,
-                                                  offsets, info)
+                                                  offsets, info, ledger)
         else:
             assignment = run_lockstep(reps, router, reps[0].arrival_s, ledger)
         results = [rep._result() for rep in reps]  # records: the replica's rows

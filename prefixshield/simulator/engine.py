@@ -1167,6 +1167,12 @@ class Engine:
     fused_feed = np.empty(0, dtype=np.int64)
     """The fused loop's ``feed`` (a fleet replica's rows, linked; a single engine reads none)."""
 
+    fused_ledger = (np.empty(0, dtype=np.float64), *(np.empty(0, dtype=np.int64) for _ in range(4)),
+                    np.zeros(3, dtype=np.int64), np.zeros(1, dtype=np.float64),
+                    np.empty(0, dtype=np.float64), np.empty(0, dtype=np.int64))
+    """The fused loop's fleet ledger (``series[9:]``, `fused.ledger_post`; a fleet replica's
+    under a fleet-wide ledger, `prefixshield.fleet.fused`; a single engine posts nothing)."""
+
     FUSED_FIRST_ROWS: int | None = None
     """Rows of the fused loop's first occupancy and creation buffers; None sizes them from the
     trace (they grow when a step might not fit)."""
@@ -1485,7 +1491,7 @@ class Engine:
         pol_arrays = (*lists, ps, *log_cols, log_meta, *quota_state, *s3_state)
         return (ctl, fctl, req, (table, hashes), rec, batch, queue[1], tuple(scratch),
                 pool_arrays, pol_arrays, (occ_t, occ, cre_t, *cre, self.kv.held, held_t,
-                                          held_rows))
+                                          held_rows, *self.fused_ledger))
 
     def fused_after(self, args: tuple) -> None:
         """After `fused.run_loop` returned over `fused_args`' ``args``: write back what the

@@ -221,7 +221,15 @@ taken at ``sw[JUMP_T0]``): the next row's time bounds it."""
 J_K = 46
 DEFERRED_JUMPS = 47
 """Decode jumps that waited for the router (`RoutedArrivals.deferred_jumps`)."""
-NUM_CTL = 48
+LEDGER = 48
+"""PrefixShield's charges are posted to a fleet ledger (``series``' ledger arrays,
+`prefixshield.fleet.fused`) as replica ``ctl[REPLICA_ID]``'s."""
+REPLICA_ID = 49
+ONE_EVENT = 50
+"""Process one event (and what its process does until it waits again), then return
+`PAUSED`: a fleet ledger's one time order over every replica's events."""
+EVENT_TAKEN = 51
+NUM_CTL = 52
 
 # Policies the loop drives (ctl[POLICY]).
 POLICY_LRU = 0
@@ -319,6 +327,91 @@ def resolve_jump(ctl, fctl, sw, wait, bounded, order_fixed):
         ctl[NUM_EVENTS] += 1
     ctl[JUMP_K] = k
     fctl[TE] = sw[sk.JUMP_T0] + seconds
+
+
+@njit(cache=True)
+def jump_settles(ctl, fctl, sw, t, order_fixed):
+    """`RoutedArrivals.jump_settles`: if a jump waits for the router and an arrival at ``t`` or
+    later would leave it as long as no arrival does, settle it now; returns whether it did."""
+    if ctl[J_WAIT] == 0 or (jump_plan(ctl, fctl, t - sw[sk.JUMP_T0], True, order_fixed)
+                            != jump_plan(ctl, fctl, 0.0, False, order_fixed)):
+        return False
+    resolve_jump(ctl, fctl, sw, 0.0, False, order_fixed)
+    return True
+
+
+# A fleet ledger's log and its deliveries due (``series[9:]``): the charges' columns
+# ``(t_s, replica, group, contract, blocks)``, then ``meta`` (charges logged, heap entries)
+# and the heap of deliveries by (due time, charge number), as `FleetLedger` keeps them.
+L_COUNT = 0
+L_HEAP = 1
+L_REPLICAS = 2
+L_STALENESS = 0
+"""Of the ledger's float meta: seconds after which a charge reaches the other copies."""
+
+
+@njit(cache=True, inline="always")
+def _heap_less(key, idx, a, b):
+    return key[a] < key[b] or (key[a] == key[b] and idx[a] < idx[b])
+
+
+@njit(cache=True)
+def ledger_post(led, replica, t, g, c, n):
+    """`FleetLedger.post`: replica ``replica`` charged ``n`` blocks to (g, c) at ``t``: logged,
+    and due to the others at ``t + staleness`` (ties in the order the charges were made)."""
+    led_t, led_r, led_g, led_c, led_b, meta, fmeta, heap_key, heap_idx = led
+    k = meta[L_COUNT]
+    led_t[k], led_r[k], led_g[k], led_c[k], led_b[k] = t, replica, g, c, n
+    meta[L_COUNT] = k + 1
+    if meta[L_REPLICAS] > 1:
+        i = meta[L_HEAP]
+        heap_key[i] = t + fmeta[L_STALENESS]
+        heap_idx[i] = k
+        meta[L_HEAP] = i + 1
+        while i > 0:
+            parent = (i - 1) // 2
+            if not _heap_less(heap_key, heap_idx, i, parent):
+                break
+            heap_key[i], heap_key[parent] = heap_key[parent], heap_key[i]
+            heap_idx[i], heap_idx[parent] = heap_idx[parent], heap_idx[i]
+            i = parent
+
+
+@njit(cache=True)
+def ledger_next_due(led):
+    """`FleetLedger.next_due`: the earliest delivery's time (inf: none)."""
+    return led[7][0] if led[5][L_HEAP] > 0 else np.inf
+
+
+@njit(cache=True)
+def ledger_pop(led):
+    """Take the earliest delivery off the heap: ``(due time, charge number)``."""
+    heap_key, heap_idx, meta = led[7], led[8], led[5]
+    at, k = heap_key[0], heap_idx[0]
+    m = meta[L_HEAP] - 1
+    meta[L_HEAP] = m
+    heap_key[0], heap_idx[0] = heap_key[m], heap_idx[m]
+    i = 0
+    while True:
+        best, left, right = i, 2 * i + 1, 2 * i + 2
+        if left < m and _heap_less(heap_key, heap_idx, left, best):
+            best = left
+        if right < m and _heap_less(heap_key, heap_idx, right, best):
+            best = right
+        if best == i:
+            break
+        heap_key[i], heap_key[best] = heap_key[best], heap_key[i]
+        heap_idx[i], heap_idx[best] = heap_idx[best], heap_idx[i]
+        i = best
+    return at, k
+
+
+@njit(cache=True, _nrt=False)
+def ps_remote_charge(ps, n, g, c, now):
+    """PrefixShield's ``remote_charge`` on its packed state (its clock advanced first)."""
+    s = psk.state(ps)
+    _tick(s, now)
+    psk.remote_charge(ps, n, g, c, now)
 
 
 # PrefixShield's events on its packed state ``ps``, each a function of its own (not inlined:
@@ -559,6 +652,12 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, req, win, rec, scr,
                 ps, table[off + lo:off + num_full], g, c,
                 _ps_prefix(ps, prefix_id[r], hashes, h0), now, state[r, bk.ADMISSION],
                 num_decode, log_t, log_g, log_d, log_cls, log_meta, ctl[MAX_SAMPLES])
+            if ctl[LEDGER]:
+                # what _materialize charged: every block, or the prompt blocks alone
+                n = num_full - lo
+                free = 0 if psk.state(ps).ctl[psk.C_CHARGE_DECODE] else min(num_decode, n)
+                if n > free:
+                    ledger_post(series[9:], ctl[REPLICA_ID], now, g, c, n - free)
         elif kind == POLICY_S3FIFO:
             s3k.on_materialize(table[off + lo:off + num_full], hashes[h0 + lo:h0 + num_full],
                                prev, nxt, member, length, ctl[POOL_BLOCKS], s3_freq, s3_in_use,
@@ -605,10 +704,11 @@ def run_loop(ctl, fctl, req, win, rec, batch, sch, scr, pool, pol, series):
       StaticQuota's owner per block and blocks per group; S3-FIFO's arrays. What
       ``ctl[POLICY]`` does not drive is unread (empty arrays of the same dtypes: one compiled
       loop serves every policy).
-    * ``series``: ``(occ_t, occ, cre_t, cre_g, cre_c, cre_b, held, held_t, held_rows)``: the
-      occupancy series (``ctl[NUM_OCC]`` rows used), the creation log's columns
+    * ``series``: ``(occ_t, occ, cre_t, cre_g, cre_c, cre_b, held, held_t, held_rows,
+      *ledger)``: the occupancy series (``ctl[NUM_OCC]`` rows used), the creation log's columns
       (``ctl[NUM_CRE]``), block-table entries of running requests per group now and their
-      series (``ctl[NUM_HELD]``).
+      series (``ctl[NUM_HELD]``), and a fleet ledger's log and deliveries (`ledger_post`;
+      posted to under ``ctl[LEDGER]`` only).
 
     Returns:
         `DONE`, `CHECK`, `GROW`, `NEED_WINDOW` or
@@ -643,7 +743,9 @@ def run_loop(ctl, fctl, req, win, rec, batch, sch, scr, pool, pol, series):
             if (ctl[NUM_OCC] + 1 > occ_t.shape[0] or ctl[NUM_HELD] + 2 > held_t.shape[0]
                     or ctl[NUM_CRE] + run_ids.shape[0] > cre_t.shape[0]
                     or (log_t.shape[0] < ctl[MAX_SAMPLES]
-                        and log_meta[0] + run_ids.shape[0] > log_t.shape[0])):
+                        and log_meta[0] + run_ids.shape[0] > log_t.shape[0])
+                    or (ctl[LEDGER] and series[14][L_COUNT] + run_ids.shape[0]
+                        > series[9].shape[0])):
                 # a step caches blocks of each scheduled request at most once: at most
                 # run_ids.shape[0] creation rows and debt-log samples
                 return GROW
@@ -818,18 +920,18 @@ def run_loop(ctl, fctl, req, win, rec, batch, sch, scr, pool, pol, series):
         arrival_pending = ctl[NEXT_ARRIVAL] < n and ctl[A_SLOT] == 0
         if not (engine_pending or arrival_pending):
             # a routed replica waiting for the router (a single engine always has an event)
-            if ctl[J_WAIT] and (jump_plan(ctl, fctl, fctl[ARRIVE_T] - sw[sk.JUMP_T0], True,
-                                          order_fixed)
-                                == jump_plan(ctl, fctl, 0.0, False, order_fixed)):
-                # no arrival at or after ARRIVE_T changes the jump: it ends where no arrival
-                # bounds it (RoutedArrivals.jump_settles)
-                resolve_jump(ctl, fctl, sw, 0.0, False, order_fixed)
-                continue
+            if jump_settles(ctl, fctl, sw, fctl[ARRIVE_T], order_fixed):
+                continue  # no arrival at or after ARRIVE_T changes the jump
             return PAUSED
         take_arrival = arrival_pending and (not engine_pending or fctl[TA] < fctl[TE]
                                             or (fctl[TA] == fctl[TE] and ctl[EA] < ctl[EE]))
         if (fctl[TA] if take_arrival else fctl[TE]) >= fctl[LIMIT]:
             return PAUSED
+        if ctl[ONE_EVENT]:
+            if ctl[EVENT_TAKEN]:
+                ctl[EVENT_TAKEN] = 0
+                return PAUSED
+            ctl[EVENT_TAKEN] = 1
         if take_arrival:
             # the arrival process resumes: append, wake the engine, schedule the next one
             now = fctl[TA]

@@ -102,6 +102,10 @@ def _compare(mp, trace, policy, fleet, config, cost, blocks, **policy_args):
     assert [r.rows for r in reps_a] == [r.rows for r in reps_b]
     assert [r.scheduler.stats() for r in reps_a] == [r.scheduler.stats() for r in reps_b]
     assert getattr(router_a, "_last", None) == getattr(router_b, "_last", None)
+    if a.fleet.ledger is not None:
+        log_a, log_b = a.fleet.ledger.log(), b.fleet.ledger.log()
+        assert all(np.array_equal(log_a[k], log_b[k]) for k in log_a), "ledger logs differ"
+        assert b.fleet.ledger.next_due() == np.inf
     if isinstance(router_a, PrefixAffinity):
         assert router_a._trees == router_b._trees
     return b, reps_b
@@ -129,6 +133,19 @@ def test_compiled_lockstep_is_the_python_loop_under_every_scheduler(scheduler, r
     assert res.records["preemptions"].sum() > 0 or scheduler != "fcfs"
 
 
+@pytest.mark.parametrize("router,staleness_s", [
+    ("round_robin", 0.0), ("least_loaded", 0.0), ("kv_aware", 0.05), ("prefix_affinity", 1.0),
+    ("session", 0.2)])
+def test_a_fleet_ledger_runs_compiled_in_one_time_order(router, staleness_s):
+    # every replica's events and the ledger's deliveries in one order: the charges, their
+    # deliveries to the other copies and what the copies then decide are the Python loop's
+    trace, eng, cost = _trace("one_touch", "fcfs", 1.5)
+    res, _ = _both(trace, "prefixshield", FleetConfig(4, RouterConfig(router), ledger="fleet",
+                                                      ledger_staleness_s=staleness_s),
+                   eng, cost)
+    assert len(res.fleet.ledger.t_s) > 0
+
+
 def test_routers_that_read_no_state_follow_their_assignment_in_lockstep():
     trace, eng, cost = _trace("one_touch", "vtc", 1.5)
     for router in ("round_robin", "session", "random"):
@@ -144,8 +161,10 @@ def test_windows_buffer_growth_and_invariant_checks(monkeypatch):
     monkeypatch.setattr(LockstepReplica, "FUSED_FIRST_ROWS", 4)
     trace, eng, cost = _trace("sharegpt", "fcfs", 1.5)
     checked = EngineConfig(num_blocks=eng.num_blocks, check_invariants=True)
-    for router, policy in (("kv_aware", "prefixshield"), ("least_loaded", "s3fifo")):
-        _both(trace, policy, FleetConfig(3, RouterConfig(router)), checked, cost)
+    for router, policy, ledger in (("kv_aware", "prefixshield", "replica"),
+                                   ("least_loaded", "s3fifo", "replica"),
+                                   ("least_loaded", "prefixshield", "fleet")):
+        _both(trace, policy, FleetConfig(3, RouterConfig(router), ledger=ledger), checked, cost)
 
 
 def test_prefix_affinity_trees_grow_past_their_first_table(monkeypatch):
@@ -182,7 +201,7 @@ def test_what_stays_on_the_python_loop():
     router = make_router(RouterConfig("kv_aware"), 1, info, trace.seed)
     lru = replicas(make_policy("lru", 512))
     assert fleet_fused.applies(lru, router, None)
-    assert not fleet_fused.applies(lru, router, object())  # a fleet ledger
+    assert not fleet_fused.applies(lru, router, object())  # another package's ledger
 
     class MyLRU(LRUPolicy):  # a subclass may change an event: the loop does not drive it
         pass
@@ -207,9 +226,10 @@ schedulers = st.one_of(
 @given(reqs=st.lists(RANDOM_REQUEST, min_size=1, max_size=16), num_blocks=st.integers(12, 32),
        max_seqs=st.sampled_from([2, 256]), replicas=st.integers(1, 4),
        router=st.sampled_from(ROUTERS), policy=st.sampled_from(POLICIES),
-       scheduler=schedulers, tied=st.booleans())
+       scheduler=schedulers, tied=st.booleans(),
+       ledger=st.sampled_from([None, 0.0, 1 / 32, 0.5]))
 def test_random_small_fleets_run_bit_identical_in_the_compiled_loop(
-        reqs, num_blocks, max_seqs, replicas, router, policy, scheduler, tied):
+        reqs, num_blocks, max_seqs, replicas, router, policy, scheduler, tied, ledger):
     # ``tied`` puts arrivals and steps on one binary grid: arrivals due exactly when a
     # replica's step ends, several rows at one instant (each routed before any of them
     # arrives), jumps cut to nothing by the next row
@@ -218,9 +238,13 @@ def test_random_small_fleets_run_bit_identical_in_the_compiled_loop(
     config = EngineConfig(num_blocks=num_blocks, block_size=B, max_num_seqs=max_seqs,
                           scheduler=scheduler)
     got = _both(make_trace(rows, seed=len(reqs)), policy,
-                FleetConfig(replicas, RouterConfig(router, imbalance=1)), config,
+                FleetConfig(replicas, RouterConfig(router, imbalance=1),
+                            ledger="replica" if ledger is None else "fleet",
+                            ledger_staleness_s=ledger or 0.0), config,
                 random_cost(tied), blocks=num_blocks)
     event(f"router: {router}")
+    if policy == "prefixshield" and ledger is not None:
+        event("a fleet ledger")
     if got is None:
         event("cannot run (same error on both loops)")
         return
