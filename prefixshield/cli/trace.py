@@ -130,11 +130,13 @@ def trace_import(fmt, src, out, seed, time_scale, rate, limit, warmup_s, system_
         if system_prompt_tokens:
             raise click.BadParameter("mooncake traces carry their own prefixes (hash_ids)",
                                      param_hint="--system-prompt-tokens")
-        tr = importers.import_mooncake(src, time_scale=time_scale, **common)
+        shape = importers.MooncakeImport(time_scale=time_scale)
+        tr = importers.import_mooncake(src, shape=shape, **common)
     else:
         if fmt == "azure":
-            tr = importers.import_azure(src, time_scale=time_scale,
-                                        system_prompt_tokens=system_prompt_tokens, **common)
+            shape = importers.AzureImport(system_prompt_tokens=system_prompt_tokens,
+                                          time_scale=time_scale)
+            tr = importers.import_azure(src, shape=shape, **common)
         else:
             if time_scale != 1.0 or rate is not None:
                 raise click.BadParameter("sharegpt has no timestamps to scale (arrivals are "

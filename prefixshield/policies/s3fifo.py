@@ -216,9 +216,10 @@ class S3FIFOPolicy(Policy):
         """Insert newly cached ``blocks`` under content keys ``hashes`` (see module docstring)."""
         q = self._lists
         bad = k.on_materialize(np.asarray(blocks, dtype=np.int32),
-                               np.asarray(hashes, dtype=np.uint64), q.prev, q.nxt, q.member,
-                               q.length, q.num_blocks, self._freq, self._in_use, self._key,
-                               self._cnt, self._params, self._gkeys, self._gtab, self._gpos)
+                               np.asarray(hashes, dtype=np.uint64),
+                               (q.prev, q.nxt, q.member, q.length), q.num_blocks, self._freq,
+                               self._in_use, self._key, self._cnt, self._params,
+                               (self._gkeys, self._gtab, self._gpos))
         self._ghost_slack = 0
         if bad:
             raise ValueError(f"s3fifo: {bad} materialized block(s) were truly free (never "

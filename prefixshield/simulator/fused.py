@@ -660,8 +660,8 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, req, win, rec, scr,
                     ledger_post(series[9:], ctl[REPLICA_ID], now, g, c, n - free)
         elif kind == POLICY_S3FIFO:
             s3k.on_materialize(table[off + lo:off + num_full], hashes[h0 + lo:h0 + num_full],
-                               prev, nxt, member, length, ctl[POOL_BLOCKS], s3_freq, s3_in_use,
-                               s3_key, s3_cnt, s3_params, s3_gkeys, s3_gtab, s3_gpos)
+                               (prev, nxt, member, length), ctl[POOL_BLOCKS], s3_freq, s3_in_use,
+                               s3_key, s3_cnt, s3_params, (s3_gkeys, s3_gtab, s3_gpos))
             ctl[S3_GHOST_SLACK] = 0
         materialized[r] += num_full - lo
         state[r, bk.NUM_CACHED] = num_full

@@ -1,11 +1,11 @@
 """Importers: external traces onto the trace schema.
 
 - `import_mooncake`: Mooncake JSONL (``timestamp`` ms, ``input_length``, ``output_length``,
-  ``hash_ids`` at 512-token granularity).
+  ``hash_ids`` at 512-token granularity; timed and sized by a `MooncakeImport`).
 - `import_sharegpt`: ShareGPT JSON conversations -> multi-turn requests (timed and sized by a
   `ShareGPTImport`).
 - `import_azure`: Azure LLM inference CSV (``TIMESTAMP``, ``ContextTokens``,
-  ``GeneratedTokens``).
+  ``GeneratedTokens``; timed and sized by an `AzureImport`).
 
 Every malformed record raises [`TraceError`][prefixshield.traces.schema.TraceError] naming the file,
 the line number and the field; no record is ever skipped silently. Groups: ``groups`` lists the
@@ -295,8 +295,8 @@ def _counted(rows: RequestRows, groups: list[str], assign: str, units: int,
     return counts
 
 
-def _check_common(path: Path, groups: Sequence[str] | None, num_groups: int | None, role: str,
-                  time_scale: float) -> list[str]:
+def _check_common(path: Path, groups: Sequence[str] | None, num_groups: int | None,
+                  role: str) -> list[str]:
     if not path.exists():
         raise TraceError(f"{path}: no such file")
     if not path.is_file():
@@ -310,9 +310,14 @@ def _check_common(path: Path, groups: Sequence[str] | None, num_groups: int | No
         raise ValueError(f"groups must be a non-empty list of distinct names, got {groups!r}")
     if role not in ROLES:
         raise ValueError(f"role must be one of {'|'.join(ROLES)}, got {role!r}")
-    if not time_scale > 0:
-        raise ValueError(f"time_scale must be > 0, got {time_scale}")
     return groups
+
+
+def _check_time_scale(time_scale: float) -> None:
+    """Refuse a ``time_scale`` that is not a finite number > 0 (the importers' dataclasses
+    call it when built)."""
+    if not (time_scale > 0 and math.isfinite(time_scale)):
+        raise ValueError(f"time_scale must be a finite number > 0, got {time_scale}")
 
 
 def open_text(path: Path, newline: str | None = None):
@@ -386,12 +391,31 @@ def _is_number(x: Any) -> bool:
 # Mooncake
 # --------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class MooncakeImport:
+    """How `import_mooncake` times and sizes a Mooncake trace's records, checked when built.
+
+    Attributes:
+        block_tokens: tokens per hash id (512 in every Mooncake release), an integer >= 1.
+        time_scale: arrival_s = (timestamp - first timestamp) / 1000 * time_scale (seconds),
+            a finite number > 0.
+    """
+
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS
+    time_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (_is_int(self.block_tokens) and self.block_tokens >= 1):
+            raise ValueError(f"block_tokens must be an integer >= 1, got {self.block_tokens!r}")
+        _check_time_scale(self.time_scale)
+
+
 def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = None,
                     num_groups: int | None = None,
                     assign: str | None = None, contract: str = "standard",
-                    role: str = "benign", block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+                    role: str = "benign", shape: MooncakeImport = MooncakeImport(),
                     seed: int = 0, vocab_size: int = DEFAULT_VOCAB_SIZE,
-                    time_scale: float = 1.0, warmup_s: float = 0.0,
+                    warmup_s: float = 0.0,
                     limit: int | None = None, tenant_skew: float = 1.0,
                     tenant_map: str | os.PathLike | None = None,
                     allow_fewer_groups: bool = False) -> Trace:
@@ -399,7 +423,7 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
 
     Each line ``{"timestamp": ms, "input_length": tokens, "output_length": tokens,
     "hash_ids": [...]}`` becomes one request: hash id ``h`` becomes segment ``h`` of
-    ``block_tokens`` tokens, the last one shortened so the prompt has exactly ``input_length``
+    ``shape.block_tokens`` tokens, the last one shortened so the prompt has exactly ``input_length``
     tokens (segment token ids are prefix-consistent, so a shortened block is a prefix of the
     full one). ``prefix_id`` = the request's root: its first hash id after the prefix that
     every record shares (a shared system prompt is no prefix of its own; with no shared
@@ -420,9 +444,9 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
         allow_fewer_groups: accept a tenant model that leaves a group without requests
             (otherwise a ``ValueError`` naming ``--allow-fewer-groups``).
         contract, role: of every request.
-        block_tokens: tokens per hash id (512 in every Mooncake release).
+        shape: tokens per hash id and the arrivals' time scale (`MooncakeImport`); ``meta``
+            records each of its fields under its own name.
         seed, vocab_size: token seed and vocabulary of the trace.
-        time_scale: arrival_s = (timestamp - first timestamp) / 1000 * time_scale (seconds).
         warmup_s: requests arriving before this are unmeasured.
         limit: import only the first ``limit`` records.
 
@@ -432,8 +456,9 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
             (needs ``(len-1)*block_tokens < input_length <= len*block_tokens``), or a hash id
             outside ``[0, 2**40)``. Records out of timestamp order are sorted stably.
     """
+    block_tokens, time_scale = shape.block_tokens, shape.time_scale
     path = Path(path)
-    groups = _check_common(path, groups, num_groups, role, time_scale)
+    groups = _check_common(path, groups, num_groups, role)
     if assign is not None and assign not in TENANT_MODELS:
         raise ValueError(f"assign must be one of {', '.join(TENANT_MODELS)}, got {assign!r}")
     ts, inp, out, hashes, lines = [], [], [], [], []
@@ -544,36 +569,58 @@ def import_mooncake(path: str | os.PathLike, *, groups: Sequence[str] | None = N
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
+@dataclass(frozen=True)
+class AzureImport:
+    """How `import_azure` times and sizes an Azure trace's records, checked when built.
+
+    Attributes:
+        system_prompt_tokens: a shared system prompt of this many tokens per group at the head
+            of every prompt (an integer >= 0; 0: none, every prompt unique).
+        time_scale: arrival_s = seconds after the earliest timestamp * time_scale, a finite
+            number > 0.
+    """
+
+    system_prompt_tokens: int = 0
+    time_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (_is_int(self.system_prompt_tokens) and self.system_prompt_tokens >= 0):
+            raise ValueError(f"system_prompt_tokens must be an integer >= 0, got "
+                             f"{self.system_prompt_tokens!r}")
+        _check_time_scale(self.time_scale)
+
+
 def import_azure(path: str | os.PathLike, *, groups: Sequence[str] | None = None,
                  num_groups: int | None = None, contract: str = "standard", role: str = "benign",
-                 system_prompt_tokens: int = 0, seed: int = 0,
-                 vocab_size: int = DEFAULT_VOCAB_SIZE, time_scale: float = 1.0,
+                 shape: AzureImport = AzureImport(), seed: int = 0,
+                 vocab_size: int = DEFAULT_VOCAB_SIZE,
                  warmup_s: float = 0.0, limit: int | None = None, assign: str | None = None,
                  tenant_skew: float = 1.0, tenant_map: str | os.PathLike | None = None,
                  allow_fewer_groups: bool = False) -> Trace:
     """Import an Azure LLM inference trace (CSV ``TIMESTAMP,ContextTokens,GeneratedTokens``).
 
-    Arrivals are seconds after the earliest timestamp (times ``time_scale``). Each prompt has
-    ``ContextTokens`` tokens: its first ``min(system_prompt_tokens, ContextTokens)`` tokens are
-    the group's shared system-prompt segment (when ``system_prompt_tokens > 0``; a shorter
-    prompt uses a prefix of it), the rest a unique segment. ``output_tokens`` =
-    ``GeneratedTokens``. prefix_id = 0 (the system prompt) when ``system_prompt_tokens > 0``,
-    else the record index. Requests are assigned to ``groups`` (or `group_names` of
-    ``num_groups``; default: the single group ``"default"``) by the tenant model ``assign``:
+    Arrivals are seconds after the earliest timestamp (times ``shape.time_scale``). Each prompt
+    has ``ContextTokens`` tokens: its first ``min(system_prompt_tokens, ContextTokens)`` tokens
+    (``shape.system_prompt_tokens``) are the group's shared system-prompt segment (when
+    ``system_prompt_tokens > 0``; a shorter prompt uses a prefix of it), the rest a unique
+    segment. ``output_tokens`` = ``GeneratedTokens``. prefix_id = 0 (the system prompt) when
+    ``system_prompt_tokens > 0``, else the record index. Requests are assigned to ``groups``
+    (or `group_names` of ``num_groups``; default: the single group ``"default"``) by the
+    tenant model ``assign``:
     ``round_robin`` (file order), ``zipf`` (records to skewed tenants) or ``map``; Azure has no
     sessions or prefixes to keep together. A ``tenant`` column, where the file has one, is the
     ``trace`` model (the default then): its values are the groups, as they are. A group left
-    without requests is an error unless ``allow_fewer_groups``.
+    without requests is an error unless ``allow_fewer_groups``. ``meta`` records every field of
+    ``shape`` (an `AzureImport`) under its own name.
 
     Raises:
         TraceError: ``<file>: line N: field F: ...`` for a missing column, a row with the wrong
             number of fields, an unparsable timestamp, or a token count that is not an integer
             >= 1. Rows out of timestamp order are sorted stably.
     """
+    system_prompt_tokens, time_scale = shape.system_prompt_tokens, shape.time_scale
     path = Path(path)
-    groups = _check_common(path, groups, num_groups, role, time_scale)
-    if system_prompt_tokens < 0:
-        raise ValueError(f"system_prompt_tokens must be >= 0, got {system_prompt_tokens}")
+    groups = _check_common(path, groups, num_groups, role)
     with open_text(path, newline="") as f:
         reader = csv.reader(_DecodingLines(path, f))
         try:
@@ -928,7 +975,7 @@ def import_sharegpt(path: str | os.PathLike, *, groups: Sequence[str] | None = N
     min_think_time_s, system_prompt_tokens = shape.min_think_time_s, shape.system_prompt_tokens
     max_conversation_tokens, chars_per_token = shape.max_conversation_tokens, shape.chars_per_token
     path = Path(path)
-    groups = _check_common(path, groups, num_groups, role, 1.0)
+    groups = _check_common(path, groups, num_groups, role)
     turns, stats = parse_sharegpt(path, chars_per_token=chars_per_token, limit=limit)
     convs = []
     dropped = 0

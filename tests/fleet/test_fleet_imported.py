@@ -15,7 +15,7 @@ from prefixshield.policies import make_policy
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import load_profile
 from prefixshield.tenancy import DEFAULT_CONTRACTS
-from prefixshield.traces.importers import import_azure, import_mooncake
+from prefixshield.traces.importers import AzureImport, import_azure, import_mooncake
 from prefixshield.traces.transform import limit_request_tokens
 
 FIXTURES = Path(__file__).resolve().parents[1] / "traces" / "fixtures"
@@ -56,7 +56,7 @@ def test_every_router_serves_an_imported_trace(router):
 
 def test_azure_session_keys_are_the_group_system_prompt():
     tr = import_azure(FIXTURES / "azure_conv_head40.csv", num_groups=2, assign="round_robin",
-                      system_prompt_tokens=256)
+                      shape=AzureImport(system_prompt_tokens=256))
     rec = _run(tr, "session").records
     # Azure has no sessions: every request of a group shares prefix_id 0, so one replica
     assert (rec.groupby("group")["replica"].nunique() == 1).all()

@@ -118,10 +118,11 @@ def _infinite_cache_cached(trace):
 
 
 def test_session_tenants_keep_shared_prefixes_together_and_round_robin_splits_them():
-    one = importers.import_mooncake(MOONCAKE, limit=400, time_scale=1000.0)
-    session = importers.import_mooncake(MOONCAKE, limit=400, time_scale=1000.0, num_groups=4,
+    stretched = importers.MooncakeImport(time_scale=1000.0)
+    one = importers.import_mooncake(MOONCAKE, limit=400, shape=stretched)
+    session = importers.import_mooncake(MOONCAKE, limit=400, shape=stretched, num_groups=4,
                                         assign="session")
-    robin = importers.import_mooncake(MOONCAKE, limit=400, time_scale=1000.0, num_groups=4)
+    robin = importers.import_mooncake(MOONCAKE, limit=400, shape=stretched, num_groups=4)
     base = _infinite_cache_cached(one)
     assert np.array_equal(_infinite_cache_cached(session), base)
     assert _infinite_cache_cached(robin).sum() < base.sum()

@@ -10,7 +10,7 @@ import numpy as np
 from prefixshield.experiments.single import RunSpec, run_policies
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import load_profile
-from prefixshield.traces.importers import MOONCAKE_BLOCK_TOKENS, import_mooncake
+from prefixshield.traces.importers import MOONCAKE_BLOCK_TOKENS, MooncakeImport, import_mooncake
 
 MOONCAKE = Path(__file__).resolve().parent / "fixtures" / "mooncake_synthetic_head1000.jsonl"
 """The first 1,000 requests of Mooncake's FAST'25 sample (fixtures/README.md)."""
@@ -40,7 +40,7 @@ def direct_cached_tokens(trace) -> np.ndarray:
 
 def test_infinite_cache_token_hit_ratio_equals_the_hash_id_computation():
     # arrivals stretched so that every prompt is computed before the next one arrives
-    trace = import_mooncake(MOONCAKE, limit=600, time_scale=1000.0)
+    trace = import_mooncake(MOONCAKE, limit=600, shape=MooncakeImport(time_scale=1000.0))
     total = int(trace.prompt_lengths().sum() + trace.requests["output_tokens"].sum())
     engine = EngineConfig(num_blocks=total // BLOCK + len(trace) + 2, block_size=BLOCK)
     spec = RunSpec(workload="mooncake", policies=("lru",), engine=engine,

@@ -15,8 +15,8 @@ from _trace_helpers import FIXTURES, data_file, rows, write_text
 from prefixshield.traces import derive_sharegpt
 from prefixshield.traces.conversations import sharegpt_turns
 from prefixshield.traces.importers import (
-    ShareGPTImport, estimate_tokens, import_azure, import_mooncake, import_sharegpt,
-    parse_sharegpt)
+    AzureImport, MooncakeImport, ShareGPTImport, estimate_tokens, import_azure, import_mooncake,
+    import_sharegpt, parse_sharegpt)
 from prefixshield.traces.schema import TraceError
 from prefixshield.traces.segments import LOCAL_BITS, NUM_KINDS, SegmentKind
 
@@ -154,7 +154,8 @@ def test_azure_arrivals_relative_to_first_and_unique_prompts():
 
 def test_azure_shared_system_prefix_within_group():
     path = data_file("azure")
-    tr = import_azure(path, system_prompt_tokens=64, groups=["x", "y"], limit=40)
+    tr = import_azure(path, shape=AzureImport(system_prompt_tokens=64), groups=["x", "y"],
+                      limit=40)
     df = tr.requests
     assert len(df) == 40
     for g, sub in df.groupby("group", observed=True):
@@ -195,6 +196,18 @@ def test_azure_missing_column(tmp_path):
     p = write_text(tmp_path / "hdr.csv", "TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,3\n")
     with pytest.raises(TraceError, match=r"hdr\.csv: line 1: field GeneratedTokens: missing"):
         import_azure(p)
+
+
+@pytest.mark.parametrize("cls,field,value", [(MooncakeImport, "block_tokens", 0),
+                                             (MooncakeImport, "block_tokens", 512.5),
+                                             (MooncakeImport, "time_scale", 0.0),
+                                             (MooncakeImport, "time_scale", math.inf),
+                                             (AzureImport, "system_prompt_tokens", -1),
+                                             (AzureImport, "time_scale", -1.0),
+                                             (AzureImport, "time_scale", math.nan)])
+def test_mooncake_and_azure_import_knobs_are_refused_when_built(cls, field, value):
+    with pytest.raises(ValueError, match=field):
+        cls(**{field: value})
 
 
 # ---- ShareGPT -------------------------------------------------------------------------------

@@ -378,11 +378,14 @@ def on_release(blocks, cached, prev, nxt, member, length, num_blocks, in_use, ke
 
 
 @njit(cache=True, _nrt=False)
-def on_materialize(blocks, hashes, prev, nxt, member, length, num_blocks, freq, in_use, key, cnt,
-                   params, gkeys, gtab, gpos):
+def on_materialize(blocks, hashes, lists, num_blocks, freq, in_use, key, cnt, params, ghost):
     """Insert newly cached blocks (libCacheSim ``S3FIFO_insert``): ghost hit -> main tail;
     small full before the first eviction -> main tail; else small tail. freq = 0. Returns the
-    number of bad blocks (truly free ones, which must be taken before they are materialized)."""
+    number of bad blocks (truly free ones, which must be taken before they are materialized).
+
+    ``lists`` and ``ghost`` as `select_victims` takes them."""
+    prev, nxt, member, length = lists
+    gkeys, gtab, gpos = ghost
     bad = 0
     for i in range(blocks.shape[0]):
         b = blocks[i]
@@ -465,8 +468,8 @@ def replay_keys(keys, hits, block_of, key_of, lists, num_blocks, freq, in_use, k
         key_of[b] = kk
         block_of[kk] = b
         one_key[0] = np.uint64(kk)
-        bad += on_materialize(one, one_key, prev, nxt, member, length, num_blocks, freq, in_use,
-                              key, cnt, params, gkeys, gtab, gpos)
+        bad += on_materialize(one, one_key, lists, num_blocks, freq, in_use, key, cnt, params,
+                              ghost)
         bad += on_release(one, cached, prev, nxt, member, length, num_blocks, in_use, key, cnt,
                           current_mode)
     return bad
