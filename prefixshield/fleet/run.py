@@ -115,7 +115,9 @@ def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
         trace: the requests (validated).
         make_policy: a fresh policy for one replica (called once per replica). With a process
             or Ray ``executor`` it must be picklable (not a lambda).
-        cost, config, contracts: as for `Engine`, the same for every replica.
+        cost: as for `Engine`, the same for every replica.
+        config: as for `Engine`, the same for every replica.
+        contracts: as for `Engine`, the same for every replica.
         fleet: replicas, router, mode, ledger.
         executor: where a split run's replicas run (an executor of
             `prefixshield.experiments.executors`, a task a replica); None: one after
