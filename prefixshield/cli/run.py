@@ -69,7 +69,8 @@ _SCALE_TO_ENGINE = click.option(
                    "occupancy and held blocks are written as the run goes and the summary is "
                    "computed from them (the same figures as without --stream). For trace files "
                    "and the workloads generated in windows of time (one_touch with aim=none, "
-                   "low_and_slow); one engine under fcfs without per-tenant limits, policies "
+                   "low_and_slow); one engine under fcfs, priority, vtc or kvtc (with or "
+                   "without per-tenant limits), policies "
                    "lru, prefixshield, static_quota, s3fifo. Not written: trace.parquet, "
                    "groups.csv, the figure.")
 @_user_errors

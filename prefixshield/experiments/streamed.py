@@ -45,12 +45,6 @@ def build_stream(spec: RunSpec) -> tuple[TraceStream, dict]:
     if spec.scale_to_load is not None:
         raise ValueError("--stream: --scale-to-engine rescales a whole trace in memory; "
                          "rescale the file first")
-    sched = spec.engine.scheduler
-    if not sched.is_default:
-        got = (f"scheduler {sched.name}" if sched.name != "fcfs"
-               else "per-tenant limits (--tenant-limit)")
-        raise ValueError(f"--stream takes the fused loop: scheduler fcfs without per-tenant "
-                         f"limits, got {got}")
     if is_trace_file(spec.workload):
         from prefixshield.traces.io import stream_trace
 

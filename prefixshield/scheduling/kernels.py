@@ -369,6 +369,30 @@ def fused_state(scheduler, num_requests: int, run_capacity: int, block_size: int
             np.zeros(run_capacity if scheduler.counts_outputs else 0, dtype=np.int64))
 
 
+def rebase(sch: tuple, shift: int, rows: int) -> tuple:
+    """``sch`` for a streamed run's next window (`prefixshield.simulator.stream`), whose row
+    0 is the old row ``shift`` and which holds ``rows`` rows: the per-request lists moved to
+    new arrays of ``rows`` entries, every request id in them and the groups' heads and tails
+    less ``shift`` (rows before ``shift`` are in no list: they finished). Order keys are kept
+    (FCFS's counters; priority's order is by arrival and id, which the same shift keeps)."""
+    if sch[0][KIND] == KIND_NONE:
+        return sch
+    old_next, old_prev, old_key = sch[2], sch[3], sch[4]
+    kept = slice(shift, min(old_next.shape[0], shift + rows))
+    lists = []
+    for old in (old_next, old_prev):
+        new = np.full(rows, -1, dtype=np.int64)
+        part = old[kept]
+        new[:part.shape[0]] = np.where(part >= 0, part - shift, -1)
+        lists.append(new)
+    key = np.full(rows, -1, dtype=np.int64)
+    key[:kept.stop - kept.start] = old_key[kept]
+    head, tail = sch[5], sch[6]
+    head[:] = np.where(head >= 0, head - shift, -1)
+    tail[:] = np.where(tail >= 0, tail - shift, -1)
+    return (sch[0], sch[1], *lists, key, *sch[5:])
+
+
 def write_back(scheduler, sch: tuple) -> None:
     """What the scheduler object keeps outside its arrays, from the fused state after a run."""
     if sch[0][KIND] >= KIND_VTC:

@@ -39,8 +39,9 @@ figures from the files, one column of the judged population at a time (exact
 means and quantiles need the column whole: 8 bytes per request, after the run), and the
 attacker's creation figures a row group at a time.
 
-Streaming takes the fused loop only (FCFS without limits, one of the four fused policies, the
-linear cost model): anything else raises [`EngineError`][prefixshield.simulator.engine.EngineError].
+Streaming takes the fused loop only (a scheduler with a compiled form, one of the four fused
+policies, the linear cost model; the scheduler's lists are rebased with the window,
+`prefixshield.scheduling.kernels.rebase`): anything else raises [`EngineError`][prefixshield.simulator.engine.EngineError].
 
 Units: seconds, tokens, blocks, as the engine's.
 """
@@ -60,6 +61,9 @@ import pyarrow.parquet as pq
 
 from prefixshield.parquetfiles import read_frame
 from prefixshield.policies.base import Policy
+from prefixshield.scheduling import kernels as sk
+from prefixshield.scheduling.config import capped_outputs, over_block_limit
+from prefixshield.scheduling.registry import make_scheduler
 from prefixshield.simulator import batch as bk
 from prefixshield.simulator import fused as fz
 from prefixshield.simulator.config import EngineConfig
@@ -145,9 +149,11 @@ class Window:
             getattr(self, name)[:k] = getattr(old, name)[shift:]
 
 
-def window_of(trace: Trace, groups: list[str], contracts: list[str], base: int) -> Window:
+def window_of(trace: Trace, groups: list[str], contracts: list[str], base: int,
+              limits=None) -> Window:
     """A chunk's rows as a `Window` (group and contract ids into the whole trace's
-    names), the first being trace row ``base``."""
+    names), the first being trace row ``base``; ``limits``: the scheduler's per-group limits,
+    whose output caps apply (`capped_outputs`, as the engine's)."""
     df = trace.requests
     seg = trace.segments()
     summed = np.zeros(seg.lengths.shape[0] + 1, dtype=np.int64)
@@ -164,6 +170,8 @@ def window_of(trace: Trace, groups: list[str], contracts: list[str], base: int) 
         "output_segment_id": df["output_segment_id"].to_numpy(np.int64),
         "prompt_tokens": summed[seg.offsets[1:]] - summed[seg.offsets[:-1]],
     }
+    if limits is not None:
+        cols["output_tokens"] = capped_outputs(limits, cols["group_id"], cols["output_tokens"])
     return Window(cols, seg.ids, seg.lengths, seg.offsets, base, groups, contracts)
 
 
@@ -173,6 +181,10 @@ class _Feed:
 
     def __init__(self, stream: TraceStream, config: EngineConfig) -> None:
         self.stream, self.config = stream, config
+        # the scheduler's per-tenant limits, as the engine's (a gateway's output caps, the
+        # block limit every request must fit under)
+        self.limits = make_scheduler(config.scheduler, stream.groups, np.zeros(0),
+                                     np.zeros(0, dtype=np.int64)).limits
         self.it = stream.rows()
         self.buf: list[Window] = []
         self.buffered = 0
@@ -186,12 +198,20 @@ class _Feed:
             self.done = True
             return
         s = self.stream
-        w = window_of(chunk, s.groups, s.contracts, base)
+        w = window_of(chunk, s.groups, s.contracts, base, self.limits)
         if self.first is None:
             self.first = chunk
         err = check_fits(self.config, w.prompt_tokens, w.output_tokens, w.request_id, base)
         if err is not None:
             raise err
+        over = over_block_limit(self.limits, w.group_id, w.prompt_tokens + w.output_tokens,
+                                self.config.block_size)
+        if over is not None:
+            i, need, cap = over
+            raise EngineError(
+                f"request {int(w.request_id[i])} (row {base + i}) of group "
+                f"{s.groups[w.group_id[i]]!r} needs up to {need} blocks, more than the "
+                f"group's max_blocks limit {cap}: it could be held back for ever")
         self.buf.append(w)
         self.buffered += len(w)
 
@@ -393,7 +413,7 @@ class StreamedRun:
         policy: a fresh policy sized ``config.num_blocks``: LRU, PrefixShield, StaticQuota or
             S3-FIFO (the fused loop's).
         cost: the linear [`CostModel`][prefixshield.simulator.costmodel.CostModel].
-        config: the engine's settings; its scheduler must be FCFS without per-tenant limits.
+        config: the engine's settings (any scheduler the fused loop compiles).
         contracts: contract name -> entitlement.
         folder: where `RunFiles` writes.
         window_rows: new arrivals per window (`STREAM_WINDOW_ROWS`; tests force a few).
@@ -420,12 +440,12 @@ class StreamedRun:
                     stream.vocab_size, stream.tenants_meta())
         self.engine = Engine(one, policy, cost, config, contracts=contracts,
                              coalesce_decode=coalesce_decode)
-        # (the window's rebasing moves the ring of vLLM's default scheduling only)
-        if not self.engine.fused_applies() or not config.scheduler.is_default:
+        if not self.engine.fused_applies():
             raise EngineError(
                 "a streamed run takes the fused loop: policy one of "
                 f"{', '.join(Engine.FUSED_POLICIES)} (exactly the registered class), the "
-                "linear cost model and the fcfs scheduler without per-tenant limits; got "
+                "linear cost model and a scheduler with a compiled form ("
+                f"{', '.join(sk.FUSED_KINDS)}, exactly the registered class); got "
                 f"policy {type(policy).__name__}, scheduler {config.scheduler.name}")
         cap = config.max_num_seqs + 1
         eng = self.engine
@@ -557,6 +577,7 @@ class StreamedRun:
                 hash_off, table_off, hashes, table = self._hashes(win, old, shift, hashes,
                                                                   table)
                 waiting = _rebase(ctl, eng._run_ids, waiting, shift, len(win))
+                sch = sk.rebase(sch, shift, len(win))
                 self._bounds(ctl, win)
                 windows += 1
             elif code == fz.GROW:

@@ -81,8 +81,6 @@ CASES = [
     ("stream decreasing arrivals",
      ["run", "{tmp}/decreasing.parquet", "--stream", "--out", "{tmp}/s1"], "decreases"),
     ("stream without out", ["run", "one_touch", *SMALL, "--stream"], "--out"),
-    ("stream priority scheduler", ["run", "one_touch", *SMALL, "--stream", "--scheduler",
-                                   "priority", "--out", "{tmp}/s2"], "fused loop"),
     ("stream replicas", ["run", "one_touch", *SMALL, "--stream", "--replicas", "2", "--out",
                          "{tmp}/s3"], "--replicas"),
     ("stream aimed one_touch", ["run", "one_touch", *SMALL, "--set", "aim=session", "--stream",
