@@ -87,8 +87,6 @@ CASES = [
                                 "--out", "{tmp}/s4"], "cannot be streamed"),
     ("stream sharegpt", ["run", "sharegpt", *SMALL, "--stream", "--out", "{tmp}/s5"],
      "cannot be streamed"),
-    ("stream tenant limit", ["run", "one_touch", *SMALL, "--stream", "--tenant-limit",
-                             "max_running=2", "--out", "{tmp}/s6"], "per-tenant limits"),
     ("stream empty trace", ["run", "{tmp}/empty.parquet", "--stream", "--out", "{tmp}/s7"],
      "no requests"),
     ("stream nothing measured", ["run", "{tmp}/unmeasured.parquet", "--stream", "--out",
