@@ -3,8 +3,9 @@
 example in docs/writing-a-policy.md.
 
 vLLM's free queue (the decisions of the package's ``lru``), its state one packed buffer, its
-events six cfuncs; its Python methods call the same cfuncs (through ctypes), so every path of
-the engine runs one implementation. It also counts the blocks hit and materialized per group
+events six cfuncs, which its Python methods call too
+([`HookedPolicy`][prefixshield.policies.hooks.HookedPolicy]): every path of the engine runs
+one implementation. It also counts the blocks hit and materialized per group
 (its stats), which shows the events' ``group`` and ``n``.
 
 Its own module, imported under this one name by every test and child process: numba's cache
@@ -17,7 +18,6 @@ from collections import namedtuple
 import numpy as np
 
 from prefixshield.policies import hooks, lru
-from prefixshield.policies.base import FusedArrays, Policy
 from prefixshield.policies.kernels import linkedlist as ll
 from prefixshield.policies.kernels.packed import Packed, views
 
@@ -66,18 +66,12 @@ def _available(state, a, b, n, group, contract, prefix, now):
     return _views(state).length[0]
 
 
-HOOKS = hooks.Hooks(_on_hit, _on_acquire, _select_victims, _on_materialize, _on_release,
-                    _available)
-
-
-def _ptr(x):
-    return None if x is None else np.ascontiguousarray(x).ctypes.data
-
-
-class HookLRU(Policy):
+class HookLRU(hooks.HookedPolicy):
     """vLLM's free queue run by compiled hooks; counts blocks hit and materialized per group."""
 
     name = "hook_lru"
+    HOOKS = hooks.Hooks(_on_hit, _on_acquire, _select_victims, _on_materialize, _on_release,
+                        _available)
 
     def __init__(self, num_blocks: int, vllm_compat: str = "current") -> None:
         super().__init__(num_blocks, vllm_compat)
@@ -86,54 +80,22 @@ class HookLRU(Policy):
     def bind_tenants(self, groups, contracts) -> None:
         super().bind_tenants(groups, contracts)
         N = self.num_blocks
-        self.packed = Packed([("prev", np.int32, (N + 2,)), ("nxt", np.int32, (N + 2,)),
-                              ("member", np.int32, (N,)), ("length", np.int64, (1,)),
-                              ("seen", np.int64, (2, max(len(groups), 1))),
-                              ("meta", np.int64, (2,))])
-        q, s = ll.LinkedLists(N), self.packed.arrays
+        packed = Packed([("prev", np.int32, (N + 2,)), ("nxt", np.int32, (N + 2,)),
+                         ("member", np.int32, (N,)), ("length", np.int64, (1,)),
+                         ("seen", np.int64, (2, max(len(groups), 1))), ("meta", np.int64, (2,))])
+        q, self.arrays, self.state = ll.LinkedLists(N), packed.arrays, packed.buffer
         ll.push_tail(q.prev, q.nxt, q.member, q.length, N, 0, np.arange(1, N, dtype=np.int32))
         for k in ("prev", "nxt", "member", "length"):
-            s[k][:] = getattr(q, k)
-        s["meta"][:] = N, self.vllm_compat == "current"
-
-    def _call(self, hook, a=None, b=None, n=0, group=-1, contract=-1, prefix=-1, now=0.0):
-        return hook.ctypes(self.packed.buffer.ctypes.data, _ptr(a), _ptr(b), n, group,
-                           contract, prefix, now)
-
-    def on_hit(self, blocks, group, contract, prefix_id, now, **kwargs) -> None:
-        self._call(_on_hit, blocks.astype(np.int32), None, len(blocks), group, contract,
-                   prefix_id, now)
-
-    def on_acquire(self, blocks) -> None:
-        self._call(_on_acquire, blocks.astype(np.int32), None, len(blocks))
-
-    def select_victims(self, n, now, requester) -> np.ndarray:
-        out = np.empty(n, dtype=np.int32)
-        self._call(_select_victims, None, out, n, requester, now=now)
-        return out
-
-    def on_materialize(self, blocks, hashes, group, contract, prefix_id, now, **kwargs) -> None:
-        self._call(_on_materialize, blocks.astype(np.int32), hashes.astype(np.uint64),
-                   len(blocks), group, contract, prefix_id, now)
-
-    def on_release(self, blocks, cached, now) -> None:
-        self._call(_on_release, blocks.astype(np.int32), cached.astype(np.bool_), len(blocks),
-                   now=now)
-
-    def available(self, requester: int) -> int:
-        return self._call(_available, group=requester)
+            self.arrays[k][:] = getattr(q, k)
+        self.arrays["meta"][:] = N, self.vllm_compat == "current"
 
     def num_free(self) -> int:
-        return int(self.packed.arrays["length"][0])
+        return int(self.arrays["length"][0])
 
     def free_order(self) -> np.ndarray:
-        s = self.packed.arrays
-        return ll.list_to_array(s["nxt"], self.num_blocks, 0, s["length"][0])
+        return ll.list_to_array(self.arrays["nxt"], self.num_blocks, 0, self.num_free())
 
     def stats(self) -> dict:
-        seen = self.packed.arrays["seen"]
+        seen = self.arrays["seen"]
         return {"hit_blocks": seen[0].tolist(), "materialized_blocks": seen[1].tolist()}
-
-    def fused_arrays(self) -> FusedArrays:
-        return FusedArrays("hooks", packed=self.packed.buffer, hooks=HOOKS.table())
 # --8<-- [end:policy]

@@ -51,7 +51,7 @@ without numba's reference-counted runtime: they must not allocate arrays, raise 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from llvmlite import ir
@@ -59,6 +59,7 @@ from numba import cfunc, njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from prefixshield.policies.base import FusedArrays, Policy
 from prefixshield.policies.kernels.packed import _view
 
 SIG = types.int64(types.voidptr, types.voidptr, types.voidptr, types.int64, types.int64,
@@ -161,3 +162,62 @@ def check_fused(packed, table) -> None:
             and table.shape == (len(EVENTS),) and np.all(table != 0)):
         raise ValueError(f"a hooks policy's FusedArrays.hooks is Hooks.table(): {len(EVENTS)} "
                          "nonzero int64 addresses")
+
+
+def _pointer_of(x, dtype):
+    """``(array, address)`` of ``x`` as a contiguous array of ``dtype`` (the array keeps the
+    memory alive during the call), or ``(None, None)`` (NULL)."""
+    if x is None:
+        return None, None
+    x = np.ascontiguousarray(x, dtype=dtype)
+    return x, x.ctypes.data
+
+
+class HookedPolicy(Policy):
+    """A policy whose events *are* its hooks: its Python methods call the same compiled
+    functions (through ctypes) that the fused loop calls by address, so every path of the
+    engine runs one implementation and they agree by construction.
+
+    A subclass sets the class attribute ``HOOKS`` (`Hooks`) and, before any event, the
+    attribute ``state`` (its packed buffer, uint8, the ``state`` every hook receives), and
+    implements ``num_free`` and ``free_order`` (and ``stats`` if it keeps counters) over the
+    same buffer. ``on_request_finished`` and the keyword arguments of ``on_hit`` and
+    ``on_materialize`` are not hooks (the module docstring): a subclass that needs them has no
+    compiled form here."""
+
+    HOOKS: ClassVar[Hooks]
+    state: np.ndarray
+
+    def _call(self, hook, a=None, b=None, n=0, group=-1, contract=-1, prefix=-1, now=0.0):
+        return int(hook.ctypes(self.state.ctypes.data, a, b, n, group, contract, prefix, now))
+
+    def on_hit(self, blocks, group, contract, prefix_id, now, **kwargs) -> None:
+        blocks, a = _pointer_of(blocks, np.int32)
+        self._call(self.HOOKS.on_hit, a, None, blocks.shape[0], group, contract, prefix_id, now)
+
+    def on_acquire(self, blocks) -> None:
+        blocks, a = _pointer_of(blocks, np.int32)
+        self._call(self.HOOKS.on_acquire, a, None, blocks.shape[0])
+
+    def select_victims(self, n, now, requester) -> np.ndarray:
+        out = np.empty(n, dtype=np.int32)
+        self._call(self.HOOKS.select_victims, None, out.ctypes.data, n, requester, now=now)
+        return out
+
+    def on_materialize(self, blocks, hashes, group, contract, prefix_id, now, **kwargs) -> None:
+        blocks, a = _pointer_of(blocks, np.int32)
+        hashes, b = _pointer_of(hashes, np.uint64)
+        self._call(self.HOOKS.on_materialize, a, b, blocks.shape[0], group, contract, prefix_id,
+                   now)
+
+    def on_release(self, blocks, cached, now) -> None:
+        blocks, a = _pointer_of(blocks, np.int32)
+        cached, b = _pointer_of(cached, np.bool_)
+        self._call(self.HOOKS.on_release, a, b, blocks.shape[0], now=now)
+
+    def available(self, requester: int) -> int:
+        return self._call(self.HOOKS.available, group=requester)
+
+    def fused_arrays(self) -> FusedArrays:
+        """The loop's ``hooks`` kernels: ``HOOKS``' addresses over ``state``."""
+        return FusedArrays("hooks", packed=self.state, hooks=self.HOOKS.table())

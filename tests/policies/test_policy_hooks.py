@@ -45,7 +45,7 @@ def three_runs(trace, config):
         assert_same_run(r0, result)
         assert result.num_events == r0.num_events
         assert np.array_equal(engine.pool.policy.free_order(), e0.pool.policy.free_order())
-        assert np.array_equal(engine.pool.policy.packed.buffer, e0.pool.policy.packed.buffer)
+        assert np.array_equal(engine.pool.policy.state, e0.pool.policy.state)
     return runs[-1]
 
 
@@ -77,7 +77,7 @@ def test_hooks_reject_functions_of_another_signature():
 def test_engine_rejects_a_hooks_policy_without_addresses():
     class Broken(HookLRU):
         def fused_arrays(self):
-            return FusedArrays("hooks", packed=self.packed.buffer)
+            return FusedArrays("hooks", packed=self.state)
 
     trace = small_trace("two_pass_replay", seed=1)
     engine = Engine(trace, Broken(512), COST, EngineConfig(num_blocks=512))
