@@ -29,6 +29,7 @@ KERNEL_SOURCES = (
     "bench/selector.py",
     "fleet/addresses.py",
     "fleet/fused.py",
+    "policies/hooks.py",
     "policies/kernels/hashtable.py",
     "policies/kernels/linkedlist.py",
     "policies/kernels/packed.py",

@@ -34,9 +34,13 @@ class FusedArrays:
     Attributes:
         kernels: the kernel set, a key of `prefixshield.simulator.fused.KERNELS` (``"lru"``:
             one linked list in vLLM's free order; ``"prefixshield"``: the packed state;
-            ``"static_quota"``; ``"s3fifo"``).
+            ``"static_quota"``; ``"s3fifo"``; ``"hooks"``: the policy's own compiled hooks,
+            `prefixshield.policies.hooks`, for a policy of any class).
         lists: ``(prev, nxt, member, length)`` of the policy's linked lists.
-        packed: PrefixShield's packed state buffer (uint8).
+        packed: PrefixShield's packed state buffer (uint8), or a hooks policy's whole state
+            (the ``state`` its hooks receive).
+        hooks: a hooks policy's six hook addresses (int64,
+            [`Hooks.table`][prefixshield.policies.hooks.Hooks.table]).
         debt_log: PrefixShield's debt log (its columns are appended to in place; the loop's
             counters are written back to it).
         quota: StaticQuota's per-group quota (blocks).
@@ -54,6 +58,7 @@ class FusedArrays:
     quota_state: tuple = ()
     s3_state: tuple = ()
     ghost_slack: int = 0
+    hooks: np.ndarray | None = None
 
 
 class Policy(ABC):
@@ -166,8 +171,9 @@ class Policy(ABC):
     def fused_arrays(self) -> FusedArrays | None:
         """The state the fused engine loop runs this policy's events on (`FusedArrays`), or
         None: the policy has no compiled form there and its runs take the per-step path.
-        Default: None. The engine asks only an exactly registered class (a subclass may change
-        an event the kernels would not see)."""
+        Default: None. The engine takes the package's kernel sets only from an exactly
+        registered class (a subclass may change an event the kernels would not see), and
+        ``"hooks"`` (`prefixshield.policies.hooks`) from any class: its hooks are its events."""
         return None
 
     def fused_done(self, ghost_slack: int) -> None:

@@ -57,6 +57,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from prefixshield.policies import hooks as policy_hooks
 from prefixshield.policies.base import POLICIES, Policy
 from prefixshield.scheduling import kernels as sk
 from prefixshield.scheduling.config import capped_outputs, over_block_limit
@@ -1180,13 +1181,16 @@ class Engine:
     FUSED_POLICIES = tuple(fz.KERNELS)
     """The kernel sets of the fused loop (`fused.KERNELS`): an exactly registered policy
     whose [`fused_arrays`][prefixshield.policies.base.Policy.fused_arrays] names one runs
-    there (the registered ``lru``, ``prefixshield``, ``static_quota`` and ``s3fifo``)."""
+    there (the registered ``lru``, ``prefixshield``, ``static_quota`` and ``s3fifo``); a
+    policy of any class whose kernels are ``hooks`` runs its own compiled hooks
+    (`prefixshield.policies.hooks`)."""
 
     def fused_applies(self) -> bool:
         """Whether `run` (without ``observe``) takes the fused loop: ``batched`` and
         ``fused`` are set, the policy is exactly a registered class and gives its
         [`fused_arrays`][prefixshield.policies.base.Policy.fused_arrays] (the kernels drive its
-        state through its own event kernels; a subclass may change an event), the cost model
+        state through its own event kernels; a subclass may change an event) or, of any class,
+        gives compiled hooks (`prefixshield.policies.hooks`), the cost model
         is exactly `CostModel` (the kernel evaluates its formula), the scheduler is
         vLLM's default or exactly one of the registered classes of
         [`FUSED_KINDS`][prefixshield.scheduling.kernels.FUSED_KINDS] (their compiled form is in
@@ -1207,14 +1211,20 @@ class Engine:
 
     def _fused_policy(self):
         """The policy's [`FusedArrays`][prefixshield.policies.base.FusedArrays] if the fused
-        loop drives it (its exact registered class, naming one of `FUSED_POLICIES`),
-        else None. (Its module is loaded already: looking it up imports nothing.)"""
+        loop drives it (its exact registered class, naming one of `FUSED_POLICIES`; or any
+        class naming ``"hooks"``, checked by
+        [`check_fused`][prefixshield.policies.hooks.check_fused]), else None. (Its module is
+        loaded already: looking it up imports nothing.)"""
         policy = self.pool.policy
+        arrays = policy.fused_arrays()
+        if arrays is not None and arrays.kernels == "hooks":
+            # a policy's own compiled hooks are its events, whatever its class
+            policy_hooks.check_fused(arrays.packed, arrays.hooks)
+            return arrays
         cls = type(policy)
         name = getattr(cls, "name", None)
         if name not in POLICIES or POLICIES[name] is not cls:
             return None
-        arrays = policy.fused_arrays()
         if arrays is None or arrays.kernels not in fz.KERNELS:
             return None
         return arrays
@@ -1419,8 +1429,9 @@ class Engine:
 
     def _fused_policy_state(self, ctl: np.ndarray) -> tuple:
         """The policy's arrays as `fused.run_loop` takes them, ``(lists, ps, quota_state,
-        s3_state, log)`` (arrays a policy does not use are empty; ``log``: PrefixShield's debt
-        log, else None); sets ``ctl``'s policy slots."""
+        s3_state, hooks, log)`` (arrays a policy does not use are empty; ``hooks``: a hooks
+        policy's addresses; ``log``: PrefixShield's debt log, else None); sets ``ctl``'s
+        policy slots."""
         # the policy's state (`Policy.fused_arrays`): arrays it does not use are empty, of the
         # same dtypes as the real ones (one compiled loop serves every policy)
         lists = (np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32),
@@ -1439,12 +1450,13 @@ class Engine:
         ps = ps if arrays.packed is None else arrays.packed
         quota_state = arrays.quota_state or quota_state
         s3_state = arrays.s3_state or s3_state
+        hooks = arrays.hooks if arrays.kernels == "hooks" else np.zeros(0, dtype=np.int64)
         log = self._fused_log = arrays.debt_log
         if log is not None:
             ctl[fz.MAX_SAMPLES] = log.max_samples
             # room for the first step's samples (run_loop asks for more, as for the buffers)
             log.reserve(self._run_ids.shape[0])
-        return lists, ps, quota_state, s3_state, log
+        return lists, ps, quota_state, s3_state, hooks, log
 
     def _fused_call(self, ctl: np.ndarray, fctl: np.ndarray, rows, materialized: np.ndarray,
                     held_since: np.ndarray, table: np.ndarray, table_off: np.ndarray,
@@ -1470,7 +1482,7 @@ class Engine:
         occ, cre_t, [cre_g, cre_c, cre_b], held_t, held_rows)``. The debt log's counters are
         copied into a small array the loop updates: `fused_after` copies them back."""
         pool = self.pool
-        lists, ps, quota_state, s3_state, log = pol
+        lists, ps, quota_state, s3_state, hooks, log = pol
         occ_t, occ, cre_t, cre, held_t, held_rows = series
         if log is None:
             log_cols = (np.zeros(0, dtype=np.float64), np.zeros(0, dtype=np.int32),
@@ -1488,7 +1500,7 @@ class Engine:
         pool_arrays = (pool.ref_cnt, pool.block_hash, pool.hash_next, pool.owner_group,
                        pool.occupancy, pool.evictions, pool._map_keys, pool._map_vals,
                        pool._map_size)
-        pol_arrays = (*lists, ps, *log_cols, log_meta, *quota_state, *s3_state)
+        pol_arrays = (*lists, ps, *log_cols, log_meta, *quota_state, *s3_state, hooks)
         return (ctl, fctl, req, (table, hashes), rec, batch, queue[1], tuple(scratch),
                 pool_arrays, pol_arrays, (occ_t, occ, cre_t, *cre, self.kv.held, held_t,
                                           held_rows, *self.fused_ledger))

@@ -78,6 +78,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from prefixshield.policies import hooks as hk
 from prefixshield.policies import lru
 from prefixshield.policies.kernels import linkedlist as ll
 from prefixshield.policies.kernels import prefixshield_kernels as psk
@@ -243,10 +244,14 @@ POLICY_S3FIFO = 3
 """S3-FIFO's lists (``prev`` .. ``length``: truly free, small, main) and its own arrays
 (``s3_freq`` .. ``s3_gpos``: freq, pinned flags, keys, counters, parameters, ghost ring, ghost
 table, ghost positions), through its own event kernels (compiled without numba's runtime)."""
+POLICY_HOOKS = 4
+"""A policy's own compiled hooks (`prefixshield.policies.hooks`): their addresses in
+``pol[20]`` (`hooks.EVENTS` order) and its packed state in ``ps``, called through
+`hooks.call_hook` where the pool calls the policy's events."""
 
 
 KERNELS = {"lru": POLICY_LRU, "prefixshield": POLICY_PREFIXSHIELD,
-           "static_quota": POLICY_STATIC_QUOTA, "s3fifo": POLICY_S3FIFO}
+           "static_quota": POLICY_STATIC_QUOTA, "s3fifo": POLICY_S3FIFO, "hooks": POLICY_HOOKS}
 """The loop's kernel sets by the name a policy's
 [`FusedArrays.kernels`][prefixshield.policies.base.FusedArrays] gives (-> ``ctl[POLICY]``)."""
 
@@ -510,6 +515,9 @@ def _free_request(r, ctl, now, req, win, rec, scr, pool, pol, held):
                 s3k.on_release(freed[:k], cached[:k], prev, nxt, member, length,
                                ctl[POOL_BLOCKS], s3_in_use, s3_key, s3_cnt,
                                ctl[CURRENT_MODE] != 0)
+            elif ctl[POLICY] == POLICY_HOOKS:
+                hk.call_hook(pol[20][hk.ON_RELEASE], ps, freed[:k], cached[:k], k, -1, -1, -1,
+                             now)
             else:
                 _ps_release(ps, freed[:k], cached[:k], now)
     state[r, bk.NUM_BLOCKS] = 0
@@ -530,7 +538,7 @@ def _append_if_changed(ctl, slot, values, times, rows, now):
 
 
 @njit(cache=True, inline="always")
-def _available(ctl, length, ps, q_occupancy, s3_cnt, requester):
+def _available(ctl, length, ps, q_occupancy, s3_cnt, requester, hooks):
     """The policy's ``available(requester)``: every free block (``num_free``) for LRU,
     PrefixShield and S3-FIFO (truly free plus unpinned queued blocks), StaticQuota's cap for
     its groups."""
@@ -540,6 +548,8 @@ def _available(ctl, length, ps, q_occupancy, s3_cnt, requester):
         return sq._available(length, q_occupancy, ctl[QUOTA], requester)
     if ctl[POLICY] == POLICY_S3FIFO:
         return s3k.num_free(length, s3_cnt)
+    if ctl[POLICY] == POLICY_HOOKS:
+        return hk.call_hook(hooks[hk.AVAILABLE], ps, None, None, -1, requester, -1, -1, 0.0)
     return _ps_num_free(ps)
 
 
@@ -560,7 +570,7 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, req, win, rec, scr,
      map_size) = pool
     (prev, nxt, member, length, ps, log_t, log_g, log_d, log_cls, log_meta, q_owner,
      q_occupancy, s3_freq, s3_in_use, s3_key, s3_cnt, s3_params, s3_gkeys, s3_gtab,
-     s3_gpos) = pol
+     s3_gpos, hooks) = pol
     cre_t, cre_g, cre_c, cre_b, held = series[2], series[3], series[4], series[5], series[6]
     B = ctl[BLOCK_SIZE]
     kind = ctl[POLICY]
@@ -573,7 +583,7 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, req, win, rec, scr,
         if ref_cnt[hits[j]] == 0:
             need += 1
     g = group_id[r]
-    if need and need > _available(ctl, length, ps, q_occupancy, s3_cnt, g):
+    if need and need > _available(ctl, length, ps, q_occupancy, s3_cnt, g, hooks):
         return False
     if num_hit or _cdiv(need_slot, B) > nb0 + num_hit:
         # KVCacheManager.allocate_slots' block-seconds: the table grows
@@ -590,12 +600,18 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, req, win, rec, scr,
                     _ps_prefix(ps, prefix_id[r], hashes, hash_off[r] - ctl[HASH_BASE]), now)
         elif kind == POLICY_S3FIFO:
             s3k.on_hit(hits[:num_hit], member, s3_freq, s3_params[s3k.P_FREQ_CAP])
+        elif kind == POLICY_HOOKS:
+            hk.call_hook(hooks[hk.ON_HIT], ps, hits[:num_hit], None, num_hit, g, c,
+                         prefix_id[r], now)
         nf = _touch(ref_cnt, hits[:num_hit], was_free)
         if nf:
             if kind == POLICY_PREFIXSHIELD:
                 _ps_acquire(ps, was_free[:nf])
             elif kind == POLICY_S3FIFO:
                 s3k.on_acquire(was_free[:nf], member, s3_in_use, s3_cnt)
+            elif kind == POLICY_HOOKS:
+                hk.call_hook(hooks[hk.ON_ACQUIRE], ps, was_free[:nf], None, nf, -1, -1, -1,
+                             0.0)
             else:
                 ll.unlink(prev, nxt, member, length, was_free[:nf])
         for j in range(num_hit):
@@ -620,6 +636,9 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, req, win, rec, scr,
             ctl[S3_GHOST_SLACK] = s3k.select_victims(
                 num_new_blocks, victims, (prev, nxt, member, length), ctl[POOL_BLOCKS], s3_freq,
                 s3_in_use, s3_key, s3_cnt, s3_params, (s3_gkeys, s3_gtab, s3_gpos), True)
+        elif kind == POLICY_HOOKS:
+            hk.call_hook(hooks[hk.SELECT_VICTIMS], ps, None, victims, num_new_blocks, g, -1, -1,
+                         now)
         else:
             _ps_select(ps, num_new_blocks, now, g, victims)
         k = _claim(victims[:num_new_blocks], ref_cnt, block_hash, map_keys, map_vals, map_size,
@@ -663,6 +682,9 @@ def _allocate(r, num_new_tokens, num_hit, reserve, ctl, now, req, win, rec, scr,
                                (prev, nxt, member, length), ctl[POOL_BLOCKS], s3_freq, s3_in_use,
                                s3_key, s3_cnt, s3_params, (s3_gkeys, s3_gtab, s3_gpos))
             ctl[S3_GHOST_SLACK] = 0
+        elif kind == POLICY_HOOKS:
+            hk.call_hook(hooks[hk.ON_MATERIALIZE], ps, table[off + lo:off + num_full],
+                         hashes[h0 + lo:h0 + num_full], num_full - lo, g, c, prefix_id[r], now)
         materialized[r] += num_full - lo
         state[r, bk.NUM_CACHED] = num_full
     return True

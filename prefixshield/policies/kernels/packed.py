@@ -119,7 +119,8 @@ def views(record: type, fields: Sequence[tuple[np.dtype, int]]):
     instance of the named tuple class ``record`` (one name per field, in header order), each a
     C array view of its ``(dtype, ndim)`` in ``fields`` (``ndim`` 1 or 2) in the shape the header
     gives. For a kernel to read a whole packed state with one call, its dtypes declared in one
-    table (`Packed`'s ``fields`` carry the same dtypes and the shapes)."""
+    table (`Packed`'s ``fields`` carry the same dtypes and the shapes). ``buf`` may also be
+    the buffer's ``void*`` (a compiled hook's ``state``, `prefixshield.policies.hooks`)."""
     arrtys = [types.Array(from_dtype(np.dtype(dtype)), ndim, "C") for dtype, ndim in fields]
     if any(a.ndim not in (1, 2) for a in arrtys) or len(arrtys) != len(record._fields):
         raise ValueError("views: one field of 1 or 2 dimensions per name of the record")
@@ -129,13 +130,17 @@ def views(record: type, fields: Sequence[tuple[np.dtype, int]]):
 
     @intrinsic
     def _views(typingctx, buf):
-        if not (isinstance(buf, types.Array) and buf.dtype == types.uint8):
+        if not (isinstance(buf, types.Array) and buf.dtype == types.uint8
+                or buf is types.voidptr):
             return None
 
         def codegen(context, builder, sig, args):
-            ary = context.make_array(sig.args[0])(context, builder, args[0])
-            base = builder.ptrtoint(ary.data, cgutils.intp_t)
-            hdr = builder.bitcast(ary.data, i64.as_pointer())
+            if sig.args[0] is types.voidptr:
+                data = args[0]
+            else:
+                data = context.make_array(sig.args[0])(context, builder, args[0]).data
+            base = builder.ptrtoint(data, cgutils.intp_t)
+            hdr = builder.bitcast(data, i64.as_pointer())
             out = []
             for i, arrty in enumerate(arrtys):
                 off, rows, cols = (builder.load(builder.gep(hdr, [i64(_HEADER * i + k)]))
