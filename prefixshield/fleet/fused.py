@@ -149,9 +149,7 @@ def close(ctl, fctl, sch):
         fz.resolve_jump(ctl, fctl, sch[1], 0.0, False, sch[0][sk.ORDER_FIXED] != 0)
     if ctl[fz.ESTATE] == fz.E_IDLE and ctl[fz.WAKE_SCHED] == 0:
         ctl[fz.WAKE_SCHED] = 1
-        fctl[fz.TE] = fctl[fz.NOW]
-        ctl[fz.EE] = ctl[fz.EID]
-        ctl[fz.EID] += 1
+        fz._schedule_engine_event(ctl, fctl, fctl[fz.NOW])
 
 
 # ---------------------------------------------------------------- what routers read

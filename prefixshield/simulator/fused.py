@@ -292,10 +292,21 @@ def _schedule_engine_event(ctl, fctl, t):
 
 
 @njit(cache=True, inline="always")
-def _row(ctl, feed, a):
+def _row(ctl, a):
     """The trace row of the ``a``-th arrival: ``a`` itself, or a routed replica's
     ``ctl[CURSOR]`` (``a`` is then ``ctl[NEXT_ARRIVAL]``)."""
     return ctl[CURSOR] if ctl[ROUTED] else a
+
+
+@njit(cache=True, inline="always")
+def _await_row(ctl, fctl, now):
+    """A routed replica's arrival process waits for the router's next row
+    (`prefixshield.fleet.slots.Slot`): its event id is taken now, its time set at the
+    delivery."""
+    ctl[A_SLOT] = 1
+    fctl[SLOT_AT] = now
+    ctl[EA] = ctl[EID]
+    ctl[EID] += 1
 
 
 @njit(cache=True, inline="always")
@@ -733,8 +744,8 @@ def run_loop(ctl, fctl, req, win, rec, batch, sch, scr, pool, pol, series):
       posted to under ``ctl[LEDGER]`` only).
 
     Returns:
-        `DONE`, `CHECK`, `GROW`, `NEED_WINDOW` or
-        `NEVER_ADMITTED`.
+        `DONE`, `CHECK`, `GROW`, `NEED_WINDOW`, `NEVER_ADMITTED` or (a routed replica only)
+        `PAUSED`.
     """
     (arrival_s, group_id, contract_id, prefix_id, state, materialized, table_off,
      hash_off) = req
@@ -926,7 +937,7 @@ def run_loop(ctl, fctl, req, win, rec, batch, sch, scr, pool, pol, series):
                         ctl[EID] += 1
                         ctl[ESTATE] = E_JUMP
                         continue
-                    row = _row(ctl, feed, ctl[NEXT_ARRIVAL])
+                    row = _row(ctl, ctl[NEXT_ARRIVAL])
                     wait = arrival_s[row] - now if bounded else 0.0
                     k, seconds = jump_plan(ctl, fctl, wait, bounded, order_fixed)
                     if k > 0:
@@ -959,7 +970,7 @@ def run_loop(ctl, fctl, req, win, rec, batch, sch, scr, pool, pol, series):
             now = fctl[TA]
             fctl[NOW] = now
             while True:
-                a = _row(ctl, feed, ctl[NEXT_ARRIVAL])
+                a = _row(ctl, ctl[NEXT_ARRIVAL])
                 if a >= ctl[WINDOW_END]:
                     # nothing of a is done yet: called again, the loop's top takes this same
                     # branch (the arrival is still the earlier event) and resumes here
@@ -979,12 +990,10 @@ def run_loop(ctl, fctl, req, win, rec, batch, sch, scr, pool, pol, series):
                     ctl[WAKE_SCHED] = 1
                     _schedule_engine_event(ctl, fctl, now)
                 if ctl[NEXT_ARRIVAL] >= n:
-                    if not ctl[CLOSED]:
-                        # a replica: its arrival process waits for the router's next row
-                        ctl[A_SLOT] = 1
-                        fctl[SLOT_AT] = now
-                        ctl[EA] = ctl[EID]
-                    ctl[EID] += 1  # else the process ends (SimPy schedules its Process event)
+                    if ctl[CLOSED]:
+                        ctl[EID] += 1  # the process ends (SimPy schedules its Process event)
+                    else:
+                        _await_row(ctl, fctl, now)
                     break
                 nxt = _after(ctl, feed, a)
                 ctl[CURSOR] = nxt
@@ -1077,11 +1086,7 @@ def start(ctl, fctl, arrival_s, group_id, waiting, sch):
         a += 1
     ctl[NEXT_ARRIVAL] = a
     if a >= n and not ctl[CLOSED]:
-        # a fleet replica (nothing delivered yet): its arrival process waits for its first row
-        ctl[A_SLOT] = 1
-        fctl[SLOT_AT] = 0.0
-        ctl[EA] = ctl[EID]
-        ctl[EID] += 1
+        _await_row(ctl, fctl, 0.0)  # a fleet replica, nothing delivered yet
 
 
 @njit(cache=True)
