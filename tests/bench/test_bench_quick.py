@@ -58,8 +58,12 @@ def test_bench_quick_runs_every_section_and_writes_finite_numbers(tmp_path, monk
     fleet = report["sections"]["fleet"]
     assert [r["part"] for r in fleet["rows"]] == ["single engine", "split round_robin",
                                                   "split round_robin, process",
-                                                  "lockstep least_loaded"]
+                                                  "lockstep least_loaded", "lockstep kv_aware",
+                                                  "lockstep least_loaded, Python loop"]
     assert all(r["us_per_request"] > 0 for r in fleet["rows"]), fleet["rows"]
+    by_part = {r["part"]: r for r in fleet["rows"]}
+    assert by_part["split round_robin"]["vs_split"] == 1.0
+    assert all(by_part[p]["vs_split"] > 0 for p in by_part if p.startswith("lockstep"))
 
 
 def test_bench_rejects_an_unknown_section():
