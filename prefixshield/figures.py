@@ -183,7 +183,9 @@ def policy_comparison(path, title: str, summaries: Mapping[str, Mapping[str, flo
         occupancy: policy -> ``(times, blocks)``: the blocks ``focus_group`` held, a step
             function over simulated time.
         tenants: a per-tenant frame (`prefixshield.experiments.tenant_view.tenant_frame`:
-            ``policy``, ``group``, ``requests``, ``hit_ratio``, ``p95_ttft_s``), or None.
+            ``policy``, ``group``, ``requests``, ``hit_ratio``, ``p95_ttft_s``), or None; the
+            tenants are drawn in the order of their first rows (``by_tenant``'s order: this
+            module draws, it does not read the experiments' tables).
         max_tenants: the busiest tenants drawn (the title says how many are left out).
     """
     plt = _plt()
@@ -220,10 +222,8 @@ def policy_comparison(path, title: str, summaries: Mapping[str, Mapping[str, flo
 def _tenant_bars(fig, grid, tenants, names, colors, max_tenants: int) -> None:
     """The per-tenant row of `policy_comparison`: grouped bars, one group per tenant
     (the busiest ``max_tenants``), one bar per policy."""
-    from prefixshield.experiments.tenant_view import by_tenant
-
     req = tenants.groupby("group", sort=False)["requests"].max()
-    order = list(dict.fromkeys(by_tenant(tenants)[0]["group"]))
+    order = list(dict.fromkeys(tenants["group"]))
     if len(order) > max_tenants:
         keep = set(req.sort_values(ascending=False, kind="stable").index[:max_tenants])
         order = [g for g in order if g in keep]

@@ -137,6 +137,7 @@ def run(opts, out_dir, plot, stream):
         def _figure(folder: Path) -> list[Path]:
             if not (plot and results):
                 return []
+            from prefixshield.experiments.tenant_view import by_tenant
             from prefixshield.figures import policy_comparison
             from prefixshield.simulator.metrics import summarize
 
@@ -149,7 +150,8 @@ def run(opts, out_dir, plot, stream):
                               f"{spec.engine.num_blocks} blocks, "
                               f"seed {seed}", {p: summarize(r) for p, r in results.items()},
                               {p: (r.occupancy_t, r.occupancy[:, r.groups.index(focus)])
-                               for p, r in results.items()}, focus, tenants=tenants)
+                               for p, r in results.items()}, focus,
+                              tenants=by_tenant(tenants)[0] if len(tenants) else None)
             return [png]
 
         written = write_outputs(out_dir, spec, trace, info, results, failures, extra=figures)

@@ -27,10 +27,18 @@ Each replica's arrays (its eleven `run_loop` tuples) are passed by address
 arrays are the fleet's (each row is written only by the replica it was routed to); the
 window of block hashes and tables is shared too, slid when the next row to route passes it.
 
-What stays on the Python path (`run_lockstep`): a fleet ledger (its deliveries interleave the
-replicas' events), a router that is not exactly one of the three registered classes (a
-third-party router keeps the `ReplicaView` interface), ``prefix_affinity`` over more than 64
-replicas, and replicas the fused loop cannot drive (`Engine.fused_capable`).
+A fleet ledger (`prefixshield.fleet.ledger.FleetLedger`, PrefixShield's charges delivered to
+the other replicas ``staleness_s`` later) is compiled too: a replica posts each charge from
+inside its allocation (`fused.ledger_post`) into one heap ordered by (due time, charge
+number), and the replicas are advanced one event at a time (``ctl[ONE_EVENT]``) in the
+fleet's one time order, every delivery due by then applied first (`_advance_merged`), as the
+Python loop's shared SimPy clock orders them.
+
+What stays on the Python path (`run_lockstep`, ``run_fleet(..., fused=False)``): a router
+that is not exactly one of the three registered classes (a third-party router keeps the
+`ReplicaView` interface), ``prefix_affinity`` over more than 64 replicas, a ledger that is
+not exactly a `FleetLedger`, and replicas the fused loop cannot drive
+(`Engine.fused_capable`); `applies` decides.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The batched engine's whole event loop in one numba kernel (LRU, PrefixShield, StaticQuota or
-S3-FIFO; linear cost model).
+"""The batched engine's whole event loop in one numba kernel (LRU, PrefixShield, StaticQuota,
+S3-FIFO, or a policy's compiled hooks; linear cost model).
 
 `Engine._step_batched` already does the per-request work of a step in kernels, but every
 step still costs a SimPy event, a few kernel calls and Python for every request that opens or
@@ -35,7 +35,9 @@ What it models, decision for decision the same as the step-by-step oracle
   PrefixShield's packed state (every event, its clock and its debt-log samples, as the
   policy's methods make them); StaticQuota's lists, owners and quota (its ``available``);
   S3-FIFO's queues, counters and ghost (a ring and an array hash table, no typed dict), and
-  its ``_ghost_slack`` bookkeeping (``ctl[S3_GHOST_SLACK]``). The policies' kernels report an illegal
+  its ``_ghost_slack`` bookkeeping (``ctl[S3_GHOST_SLACK]``); any other policy through the
+  six compiled hooks it hands the loop (`POLICY_HOOKS`, `prefixshield.policies.hooks`: each
+  called by address, with the policy's packed state, where the pool calls its events). The policies' kernels report an illegal
   event (a block released twice, say) by a return value, which their Python methods turn into
   ``ValueError``; the loop does not read them: the pool hands a policy only what its own
   reference counts make legal (the oracle would raise first), and ``check_invariants`` checks
@@ -53,12 +55,18 @@ oldest one still waiting or running to ``ctl[WINDOW_END]``, and an arrival past 
 `NEED_WINDOW` (a short trace is one window, base 0). A request's hashes and table are
 read only between its arrival and its end, so the window never changes a decision.
 
+The same kernel runs each replica of a lockstep fleet (`prefixshield.fleet.fused`): under
+``ctl[ROUTED]`` its arrivals are the rows the router delivers (linked through ``feed``), it
+returns `PAUSED` where it must wait for the router or for the fleet's other replicas, and
+under ``ctl[LEDGER]`` PrefixShield's charges are posted to the fleet ledger's heap
+(`ledger_post`). A single engine never sets them and never pauses.
+
 The kernel is resumable: every piece of loop state is in ``ctl`` (int64) / ``fctl`` (float64)
 and the arrays. It returns `DONE`, `CHECK` (after a step's occupancy record, where
 the oracle checks invariants), `GROW` (an output buffer is full: enlarge and call
-again), `NEED_WINDOW` (slide the window of hashes and tables) or
+again), `NEED_WINDOW` (slide the window of hashes and tables),
 `NEVER_ADMITTED` (the waiting head cannot fit with nothing running and no request is
-left to arrive: the oracle's ``EngineError``).
+left to arrive: the oracle's ``EngineError``) or, for a fleet's replica, `PAUSED`.
 
 Speed notes. `run_loop`, `_allocate` and `_free_request` are compiled without
 numba's reference-counted runtime (``_nrt=False``; they allocate nothing, and copy slices with
