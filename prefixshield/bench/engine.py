@@ -118,7 +118,9 @@ def run(quick: bool = False, tick: Tick = no_progress) -> SectionResult:
                      f"{repeats}; both paths checked bit-identical first. Trace building and the "
                      f"C_prefill probe are not timed.")
     res.notes.append("batched path: fused = the whole event loop in one numba kernel call (LRU, "
-                     "PrefixShield, StaticQuota, S3-FIFO; linear cost model); per-step = one "
-                     "scheduler iteration per SimPy event (a duck-typed cost model, or a trace "
-                     "too large to hash up front)")
+                     "PrefixShield, StaticQuota, S3-FIFO or a policy's compiled hooks; every "
+                     "registered scheduler; linear cost model); per-step = one scheduler "
+                     "iteration per SimPy event (what the loop does not drive: a duck-typed "
+                     "cost model, scheduler or policy subclass, another arrival source, an "
+                     "observer)")
     return res
