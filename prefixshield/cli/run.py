@@ -124,7 +124,7 @@ def run(opts, out_dir, plot, stream):
                                on_start=start)
     _print_summary(results, timings, failures)
     tenants = _print_tenants(results)
-    _print_debt_warning(results)
+    _print_debt_warning(results, fitted=opts.contracts == "fit")
     if fleet is not None:
         _print_fleet(results)
     if out_dir:
@@ -228,7 +228,7 @@ def compare(opts, out_csv):
 
     def guard(seed, results):
         tenant_rows.append(results_tenant_frame(results).assign(seed=seed))
-        msg = debt_warning(results)
+        msg = debt_warning(results, fitted=opts.contracts == "fit")
         if msg:
             warnings[seed] = msg
 
@@ -343,6 +343,15 @@ def _trace_priorities(spec, trace):
     return spec
 
 
+IDLE_ROWS = 32
+"""A fleet of more replicas lists only its busy ones in the per-replica table."""
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 replica``, ``4 replicas``."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _print_header(workload, trace, spec, info, sizing=None) -> None:
     """What runs: the trace, the engine and profile (``sizing``: how ``--blocks auto`` sized
     the pool), and how the load was sized."""
@@ -354,8 +363,14 @@ def _print_header(workload, trace, spec, info, sizing=None) -> None:
         console.print(sizing)
     if spec.fleet is not None:
         f = spec.fleet
-        console.print(f"fleet: {f.replicas} replicas of that engine behind router "
-                      f"{f.router.name} ({f.resolved_mode()} run)")
+        mode, alone = f.resolved_mode(), f.resolved_mode(shares_ledger=False)
+        if mode != alone:  # only PrefixShield keeps buckets for a fleet ledger to share
+            how = (f"{mode} run under prefixshield, whose buckets the fleet ledger shares; {alone}"
+                   " under any other policy, where the ledger changes nothing")
+        else:
+            how = f"{mode} run"
+        console.print(f"fleet: {_count(f.replicas, 'replica')} of that engine behind router "
+                      f"{f.router.name} ({how})")
     if not e.scheduler.is_default:
         console.print(f"scheduler: {_scheduler_text(e.scheduler)}")
     if "time_factor" in info:
@@ -418,11 +433,12 @@ def _fit_contracts(trace, spec, info):
     return replace(spec, contracts=fit.contracts), {**info, "contracts_fit": fit.to_dict()}
 
 
-def _print_debt_warning(results) -> None:
-    """The guard: say so when every group was in debt for most of the measured window."""
+def _print_debt_warning(results, fitted: bool) -> None:
+    """The guard: say so when the contracts do not fit (``fitted``: they were fitted to this
+    trace and pool, `debt_warning`)."""
     from prefixshield.experiments.contract_fit import debt_warning
 
-    msg = debt_warning(results)
+    msg = debt_warning(results, fitted)
     if msg:
         console.print(f"[yellow]warning[/]: {msg}")
 
@@ -448,18 +464,27 @@ def _print_fleet(results) -> None:
             warned.setdefault(msg, []).append(label)
         rec = with_bound(r)
         s = fleet_summary(r, rec)
+        # the Python loop gives the same results, only slower: say why a run took it
+        loop = f", {r.fleet.loop}" if r.fleet.loop.startswith("Python") else ""
         ledger = ("" if s["ledger"] == "replica"
                   else f", fleet ledger (staleness {s['ledger_staleness_s']:g} s)")
-        title = (f"{label}: {s['replicas']} replicas, router {s['router']} ({s['mode']}"
-                 f"{ledger}); load max/mean {s['max_over_mean_requests']:.2f}")
-        t = Table(title=title)
+        title = (f"{label}: {_count(s['replicas'], 'replica')}, router {s['router']} "
+                 f"({s['mode']}{loop}{ledger}); load max/mean "
+                 f"{s['max_over_mean_requests']:.2f}")
+        rows = replica_table(r, rec).to_dict("records")
+        idle = [row["replica"] for row in rows if row["requests"] == 0]
+        collapse = len(rows) > IDLE_ROWS and idle  # a big fleet: its idle replicas as one line
+        t = Table(title=title, caption=(f"{len(idle)} idle replicas not listed (no request, "
+                                        "an empty pool)") if collapse else None)
         cols = ["replica", "requests", "hit ratio", "bound", "token hit", "token bound",
                 "P95 TTFT (s)", "mean queue (s)", "P95 queue (s)", "new blocks",
                 "mean blocks", "evictions"]
         for col in cols:
             t.add_column(col, justify="right")
-        for row in replica_table(r, rec).to_dict("records"):
+        for row in rows:
             if row["requests"] == 0:  # an idle replica has no figures, only its empty pool
+                if collapse:
+                    continue
                 t.add_row(str(row["replica"]), "0", "[yellow]idle[/]", *["-"] * 8,
                           str(row["evictions"]))
                 continue

@@ -167,8 +167,10 @@ def debt_fractions(result: RunResult) -> dict[str, float]:
                              window) for i, g in enumerate(result.groups)}
 
 
-def debt_warning(results: Mapping[str, RunResult]) -> str | None:
-    """The guard: None when the contracts fit, else one message.
+def debt_warning(results: Mapping[str, RunResult], fitted: bool = False) -> str | None:
+    """The guard: None when the contracts fit, else one message (``fitted``: the contracts
+    were fitted to this trace and pool, `fit_contracts`, so the message does not advise
+    fitting them again).
 
     * When every group was in debt for more than `MOST` of the measured window in some
       run, the contracts do not fit the deployment: the message names those runs, the
@@ -202,8 +204,10 @@ def debt_warning(results: Mapping[str, RunResult]) -> str | None:
         runs = ", ".join(f"{p} (least {100 * f:.0f}%)" for p, f in fired.items())
         return (f"the contracts do not fit this deployment: every group was in debt for most "
                 f"of the measured window under {runs}. Refill: {refill}; measured creation "
-                f"under {first}: {made} blocks/s. Size the contracts to this trace and pool "
-                "with --contracts fit.")
+                f"under {first}: {made} blocks/s. "
+                + ("They were fitted to this trace and pool (--contracts fit), which funds "
+                   "what the groups created under LRU: these runs created more." if fitted else
+                   "Size the contracts to this trace and pool with --contracts fit."))
     if not partial:
         return None
     first = "lru" if "lru" in partial else next(iter(partial))
@@ -220,8 +224,12 @@ def debt_warning(results: Mapping[str, RunResult]) -> str | None:
                          f"{ratio}, in debt {100 * f:.0f}% of the window")
     return (f"a tenant's contract does not fit it under {first}: " + "; ".join(parts)
             + f" (under {', '.join(partial)}). PrefixShield evicts an indebted tenant's "
-            "blocks first, as it would an attacker's; size the contracts to this trace and "
-            "pool with --contracts fit, or give the tenant a larger tier.")
+            "blocks first, as it would an attacker's; "
+            + ("the contracts were fitted to this trace and pool (--contracts fit), a tier's "
+               "refill its groups' mean creation, so a tenant far above its tier's mean is in "
+               "debt by construction: give it a larger tier." if fitted else
+               "size the contracts to this trace and pool with --contracts fit, or give the "
+               "tenant a larger tier."))
 
 
 def _far_over(result: RunResult, groups: Mapping[str, float]) -> dict[str, float]:

@@ -450,18 +450,25 @@ def applies(replicas: list[Engine], router, ledger) -> bool:
     `COMPILED_ROUTERS` (``prefix_affinity`` over at most `MAX_AFFINITY_REPLICAS`
     replicas), and no ledger or a `FleetLedger` (exactly; its charges and deliveries are
     compiled here)."""
+    return python_loop_reason(replicas, router, ledger) is None
+
+
+def python_loop_reason(replicas: list[Engine], router, ledger) -> str | None:
+    """None where `applies`, else why the fleet takes the Python loop (one phrase)."""
     from prefixshield.fleet.routers.base import ROUTERS
 
     if ledger is not None and type(ledger) is not FleetLedger:
-        return False
+        return f"its ledger is a {type(ledger).__name__}, not a FleetLedger"
     if not all(rep.fused_capable() for rep in replicas):
-        return False
+        return "the fused loop does not drive its replicas (policy, scheduler or cost model)"
     if not router.reads_state:
-        return True
+        return None
     name = router.name
     if name not in COMPILED_ROUTERS or ROUTERS[name] is not type(router):
-        return False
-    return name != "prefix_affinity" or len(replicas) <= MAX_AFFINITY_REPLICAS
+        return f"router {name} is not one of the compiled routers"
+    if name == "prefix_affinity" and len(replicas) > MAX_AFFINITY_REPLICAS:
+        return f"prefix_affinity over more than {MAX_AFFINITY_REPLICAS} replicas"
+    return None
 
 
 class _Replicas:

@@ -114,6 +114,11 @@ LOAD_WARN = 1.5
 replica) is above this, or when a replica received no request."""
 
 
+IDLE_NAMED = 16
+"""The idle replicas `routing_warning` names (the rest are counted): a fleet of a thousand
+replicas and twenty requests would otherwise print a thousand numbers."""
+
+
 def routing_warning(result: RunResult) -> str | None:
     """None when every replica received requests and the load spread is at most
     `LOAD_WARN`; else one line naming the router, the idle replicas and the spread, and
@@ -135,8 +140,9 @@ def routing_warning(result: RunResult) -> str | None:
     router = fl.config.router
     what = []
     if idle.size:
-        what.append(f"{idle.size} of {n} replicas received no request (replica "
-                    f"{', '.join(map(str, idle.tolist()))})")
+        named = ", ".join(map(str, idle[:IDLE_NAMED].tolist()))
+        more = f" and {idle.size - IDLE_NAMED} more" if idle.size > IDLE_NAMED else ""
+        what.append(f"{idle.size} of {n} replicas received no request (replica {named}{more})")
     what.append(f"load max/mean {spread:.2f}" + (f" > {LOAD_WARN:g}" if spread > LOAD_WARN
                                                  else ""))
     cause = _routing_cause(rec, router, n)

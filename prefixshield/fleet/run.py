@@ -53,6 +53,10 @@ class FleetRun:
     ledger: FleetLedger | None = None
     """The fleet-wide ledger with its log of charges (a PrefixShield under ``ledger="fleet"``);
     None: each replica kept its own buckets."""
+    loop: str = ""
+    """A lockstep run's loop: ``compiled`` (`prefixshield.fleet.fused`) or ``Python loop:
+    <why>`` (`prefixshield.fleet.lockstep`; the same results, slower); empty for a split
+    run."""
 
 
 @dataclass(frozen=True)
@@ -140,7 +144,7 @@ def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
     mode = fleet.resolved_mode(shares_ledger=shared)
     hashes, offsets, info = trace_hashes(trace, config)
     router = make_router(fleet.router, fleet.replicas, info, trace.seed)
-    ledger = None
+    ledger, loop = None, ""
     if mode == "split":
         assignment = router.assign_all(len(trace))
         # a plain dict: a read-only mapping (DEFAULT_CONTRACTS) does not pickle
@@ -157,15 +161,19 @@ def run_fleet(trace: Trace, make_policy: Callable[[], Policy], cost: CostModel,
                                           shared=first.shared) for p in policies[1:]]
         # linked after the engines bind the tenants (binding resets the buckets)
         ledger = FleetLedger(policies, fleet.ledger_staleness_s) if shared else None
-        if fused and fleet_fused.applies(reps, router, ledger):
+        why = (fleet_fused.python_loop_reason(reps, router, ledger) if fused
+               else "asked for (fused=False)")
+        if why is None:
             assignment = fleet_fused.run_compiled(reps, router, reps[0].arrival_s, hashes,
                                                   offsets, info, ledger)
+            loop = "compiled"
         else:
             assignment = run_lockstep(reps, router, reps[0].arrival_s, ledger)
+            loop = f"Python loop: {why}"
         results = [rep._result() for rep in reps]  # records: the replica's rows
     merged = merge(results, assignment)
     merged.fleet = FleetRun(fleet, mode, assignment, results, hashes, offsets,
-                            config.block_size, ledger)
+                            config.block_size, ledger, loop)
     return merged
 
 

@@ -86,7 +86,11 @@ def test_guard_fires_on_reference_contracts_and_not_on_fitted_ones(trace, spec):
     assert all(min(f.values()) > 0.5 for f in fractions.values())
     msg = debt_warning(results)
     assert msg.startswith("the contracts do not fit this deployment: every group was in debt")
-    assert "standard 40 blocks/s (burst 192)" in msg and "--contracts fit" in msg
+    assert "standard 40 blocks/s (burst 192)" in msg and "with --contracts fit" in msg
+    # contracts already fitted: the message says so instead of advising the fit
+    told = debt_warning(results, fitted=True)
+    assert told.startswith(msg.split(". Size")[0]) and "with --contracts fit" not in told
+    assert "fitted to this trace and pool (--contracts fit)" in told
     fitted = replace(spec, contracts=fit_to_trace(trace, spec).contracts)
     again = run_policies(trace, fitted)
     assert debt_warning(again) is None

@@ -52,3 +52,34 @@ def test_the_warning_states_the_threshold(mooncake):
                "--router", "session", "--router-key", "group")
     assert r.exit_code == 0, r.output
     assert f"> {LOAD_WARN:g}" in " ".join(r.output.split())
+
+
+def test_a_big_fleet_names_some_idle_replicas_and_lists_only_the_busy_ones(mooncake):
+    from prefixshield.cli.run import IDLE_ROWS
+    from prefixshield.fleet.metrics import IDLE_NAMED
+
+    r = invoke("run", mooncake, "-p", "lru", "--blocks", "4096", "--replicas", "100",
+               "--router", "round_robin")
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    served = 60  # the fixture's requests, one replica each under round_robin
+    assert 100 > IDLE_ROWS and 100 - served > IDLE_NAMED
+    named = ", ".join(str(i) for i in range(served, served + IDLE_NAMED))
+    assert (f"{100 - served} of 100 replicas received no request (replica {named} and "
+            f"{100 - served - IDLE_NAMED} more)") in text
+    assert f"{100 - served} idle replicas not listed" in text
+    assert not [line for line in r.output.splitlines() if "│ idle │" in line.replace(" ", "")]
+
+
+def test_a_lockstep_run_on_the_python_loop_says_why(mooncake):
+    from prefixshield.fleet.fused import MAX_AFFINITY_REPLICAS
+
+    n = MAX_AFFINITY_REPLICAS + 1
+    r = invoke("run", mooncake, "-p", "lru", "--blocks", "4096", "--replicas", n,
+               "--router", "prefix_affinity")
+    assert r.exit_code == 0, r.output
+    assert (f"(lockstep, Python loop: prefix_affinity over more than {MAX_AFFINITY_REPLICAS} "
+            "replicas)") in " ".join(r.output.split())
+    r = invoke("run", mooncake, "-p", "lru", "--blocks", "4096", "--replicas", 4,
+               "--router", "prefix_affinity")
+    assert r.exit_code == 0 and "Python loop" not in r.output, r.output
