@@ -42,15 +42,24 @@ every path (``Engine(..., batched=False)``, ``fused=False``, fused); that they a
 policy's own contract (the engine cannot see into a hook). ``select_victims`` is called only
 with ``n <= available(group)``, as the pool calls it.
 
-In a hook, `array` turns ``a``/``b`` into numpy views (no copy), and
-`prefixshield.policies.kernels.packed.views` rebuilds the state's fields from ``state``
-(it takes a ``void*`` as well as the buffer). Hooks run inside the loop, which is compiled
-without numba's reference-counted runtime: they must not allocate arrays, raise or return one.
+The state is declared once, as a `prefixshield.policies.kernels.packed.Record` (each field's
+name, dtype and dimensions): its ``views`` intrinsic, assigned to a module global, rebuilds
+every field from ``state`` in a hook (it takes a ``void*`` as well as the buffer), and its
+``pack`` builds the buffer from the fields' initial values. In a hook, `array` turns
+``a``/``b`` into numpy views (no copy). Hooks run inside the loop, which is compiled without
+numba's reference-counted runtime: they must not allocate arrays, raise or return one.
+
+What a policy writes (`HookedPolicy` does the rest): the `Record`, the hooks of the events it
+follows (``on_hit`` and ``on_materialize`` default to one that does nothing),
+``HOOKS = Hooks(record, on_...=...)``, and ``initial_state``, ``num_free`` and
+``free_order``; ``STATS`` names the fields its ``stats`` reports. A hook is cached in its own
+module's numba cache, which records the module's name: import that module under one name.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from abc import abstractmethod
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -60,7 +69,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from prefixshield.policies.base import FusedArrays, Policy
-from prefixshield.policies.kernels.packed import _view
+from prefixshield.policies.kernels.packed import Record, _view
 
 SIG = types.int64(types.voidptr, types.voidptr, types.voidptr, types.int64, types.int64,
                   types.int64, types.int64, types.float64)
@@ -78,19 +87,44 @@ def hook(fn):
     return cfunc(SIG, cache=True)(fn)
 
 
+@hook
+def _ignore(state, a, b, n, group, contract, prefix, now):
+    """The default of an event a policy does not follow (`Hooks`): does nothing."""
+    return 0
+
+
 @dataclass(frozen=True)
 class Hooks:
-    """A policy's six hooks (compiled with `hook`; see the module docstring for what each
-    receives). The policy keeps this object alive while its runs can call them."""
+    """A policy's compiled form: the layout of its packed state and its six hooks (compiled
+    with `hook`; see the module docstring for what each receives). The policy keeps this
+    object alive while its runs can call them.
 
-    on_hit: Any
+    The hooks are given by keyword, one per name of `EVENTS`; ``on_hit`` and
+    ``on_materialize`` default to a hook that does nothing (shared, compiled once), for a
+    policy whose decisions do not depend on them. The others have no default: every policy
+    must drop the blocks a hit takes back from its free set (``on_acquire``), as it must
+    choose victims, take freed blocks and count what it may give.
+
+    Args:
+        state: the `Record` of the buffer every hook receives as ``state`` (what
+            [`HookedPolicy`][prefixshield.policies.hooks.HookedPolicy] builds).
+
+    Raises:
+        TypeError: ``state`` is no `Record`, or a hook no cfunc of `SIG`.
+    """
+
+    state: Record
+    _: KW_ONLY
+    on_hit: Any = _ignore
     on_acquire: Any
     select_victims: Any
-    on_materialize: Any
+    on_materialize: Any = _ignore
     on_release: Any
     available: Any
 
     def __post_init__(self) -> None:
+        if not isinstance(self.state, Record):
+            raise TypeError(f"Hooks.state: a packed.Record, got {self.state!r}")
         for name in EVENTS:
             f = getattr(self, name)
             if getattr(f, "_sig", None) != SIG:
@@ -178,15 +212,45 @@ class HookedPolicy(Policy):
     functions (through ctypes) that the fused loop calls by address, so every path of the
     engine runs one implementation and they agree by construction.
 
-    A subclass sets the class attribute ``HOOKS`` (`Hooks`) and, before any event, the
-    attribute ``state`` (its packed buffer, uint8, the ``state`` every hook receives), and
-    implements ``num_free`` and ``free_order`` (and ``stats`` if it keeps counters) over the
-    same buffer. ``on_request_finished`` and the keyword arguments of ``on_hit`` and
-    ``on_materialize`` are not hooks (the module docstring): a subclass that needs them has no
-    compiled form here."""
+    A subclass sets the class attribute ``HOOKS`` (`Hooks`, with the `Record` of its state)
+    and implements `initial_state` (the value of every field), ``num_free`` and
+    ``free_order``, reading its fields in ``arrays``. ``on_request_finished`` and the keyword
+    arguments of ``on_hit`` and ``on_materialize`` are not hooks (the module docstring): a
+    subclass that needs them has no compiled form here.
+
+    Attributes:
+        state: the packed buffer (uint8) of ``HOOKS.state``, the ``state`` every hook
+            receives; built anew by every `bind_tenants` (and by the constructor, which binds
+            one group, ``"default"``, and no contract, so that the policy works unbound).
+        arrays: field name -> numpy view of that field of ``state``.
+        STATS: class attribute, the fields `stats` reports (default none).
+    """
 
     HOOKS: ClassVar[Hooks]
+    STATS: ClassVar[tuple[str, ...]] = ()
     state: np.ndarray
+    arrays: dict[str, np.ndarray]
+
+    def __init__(self, num_blocks: int, vllm_compat: str = "current") -> None:
+        super().__init__(num_blocks, vllm_compat)
+        self.bind_tenants(["default"], [])
+
+    def bind_tenants(self, groups, contracts) -> None:
+        """Name the groups and contracts, then build ``state`` from `initial_state` (which
+        may read ``self.groups`` and ``self.contracts``)."""
+        super().bind_tenants(groups, contracts)
+        packed = self.HOOKS.state.pack(**self.initial_state())
+        self.state, self.arrays = packed.buffer, packed.arrays
+
+    @abstractmethod
+    def initial_state(self) -> dict:
+        """Every field of ``HOOKS.state`` at the start of a run: field name -> initial array
+        or shape (zeroed), as `Record.pack` takes them; called by `bind_tenants`, with
+        ``num_blocks``, ``vllm_compat``, ``groups`` and ``contracts`` set."""
+
+    def stats(self) -> dict:
+        """Each field named in ``STATS``, as a (nested) list."""
+        return {name: self.arrays[name].tolist() for name in self.STATS}
 
     def _call(self, hook, a=None, b=None, n=0, group=-1, contract=-1, prefix=-1, now=0.0):
         return int(hook.ctypes(self.state.ctypes.data, a, b, n, group, contract, prefix, now))

@@ -20,9 +20,11 @@ import pytest
 from numba import njit
 
 from helpers import assert_same_run, small_trace
-from hook_policy import HookLRU, _on_hit
+import hook_policy
+from hook_policy import HookLRU
 from prefixshield.policies import hooks, make_policy
 from prefixshield.policies.base import FusedArrays
+from prefixshield.policies.kernels import packed
 from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import load_profile
 from prefixshield.simulator.engine import Engine
@@ -30,13 +32,13 @@ from prefixshield.simulator.engine import Engine
 COST = load_profile("l4-qwen2.5-1.5b").cost
 
 
-def three_runs(trace, config):
-    """The oracle's, the per-step batched path's and the fused loop's runs of `HookLRU`
-    (the last asserted to take the fused loop), checked bit-identical; the fused one's
-    engine and result."""
+def three_runs(trace, config, policy_class=HookLRU):
+    """The oracle's, the per-step batched path's and the fused loop's runs of
+    ``policy_class`` (a `HookLRU`; the last run asserted to take the fused loop), checked
+    bit-identical; the fused one's engine and result."""
     runs = []
     for kw in (dict(batched=False), dict(fused=False), dict()):
-        engine = Engine(trace, HookLRU(config.num_blocks, config.vllm_compat), COST, config,
+        engine = Engine(trace, policy_class(config.num_blocks, config.vllm_compat), COST, config,
                         **kw)
         assert engine.fused_applies() == (kw == {})
         runs.append((engine, engine.run()))
@@ -65,13 +67,47 @@ def test_hook_policy_runs_bit_identical_on_every_path(compat, num_blocks, check)
     assert np.array_equal(ref.pool.policy.free_order(), engine.pool.policy.free_order())
 
 
+class QuietLRU(HookLRU):
+    """`HookLRU` that follows neither hits nor materializations: those hooks left out."""
+
+    HOOKS = hooks.Hooks(hook_policy.STATE, on_acquire=hook_policy.on_acquire,
+                        select_victims=hook_policy.select_victims,
+                        on_release=hook_policy.on_release, available=hook_policy.available)
+
+
+def test_hooks_left_out_do_nothing_on_every_path():
+    trace = small_trace("two_pass_replay", seed=1)
+    config = EngineConfig(num_blocks=160, vllm_compat="current")
+    engine, result = three_runs(trace, config, QuietLRU)
+    zeros = [0] * len(engine.pool.policy.groups)
+    assert result.policy_stats == {"hit_blocks": zeros, "materialized_blocks": zeros}
+    ref = Engine(trace, make_policy("lru", 160, "current"), COST, config)
+    assert_same_run(ref.run(), dataclasses.replace(result, policy_stats={}))
+    assert np.array_equal(ref.pool.policy.free_order(), engine.pool.policy.free_order())
+
+
 def test_hooks_reject_functions_of_another_signature():
     @njit
     def not_a_hook(state):
         return 0
 
+    events = {name: getattr(hook_policy, name) for name in hooks.EVENTS}
     with pytest.raises(TypeError, match="hooks.SIG"):
-        hooks.Hooks(*([not_a_hook] + [_on_hit] * 5))
+        hooks.Hooks(hook_policy.STATE, **{**events, "on_hit": not_a_hook})
+    with pytest.raises(TypeError, match="Record"):
+        hooks.Hooks(None, **events)
+
+
+def test_record_packs_arrays_and_shapes_into_its_fields():
+    record = packed.Record(a=np.int32, b=(np.float64, 2))
+    buf = record.pack(a=np.arange(3), b=(2, 4))
+    assert buf.arrays["a"].dtype == np.int32 and buf.arrays["a"].tolist() == [0, 1, 2]
+    assert buf.arrays["b"].shape == (2, 4) and not buf.arrays["b"].any()
+    assert record.pack(a=5, b=np.ones((1, 2))).arrays["a"].shape == (5,)
+    with pytest.raises(ValueError, match="one value per field"):
+        record.pack(a=3)
+    with pytest.raises(ValueError, match="dimension"):
+        record.pack(a=3, b=4)
 
 
 def test_engine_rejects_a_hooks_policy_without_addresses():

@@ -12,12 +12,15 @@ the buffer alone. (A numba ``StructRef`` or
 jitclass holding the arrays measured slower than a few array arguments here: ~1.4-1.7 µs per
 call.)
 
-Fields are 8-byte aligned. The arrays a kernel builds are valid while the buffer is alive (the
-kernel's caller holds it); a kernel never returns one.
+A `Record` declares a packed state once (each field's name, dtype and dimensions) and gives
+both the `views` intrinsic and the `Packed` buffers of that layout. Fields are 8-byte aligned.
+The arrays a kernel builds are valid while the buffer is alive (the kernel's caller holds it);
+a kernel never returns one.
 """
 
 from __future__ import annotations
 
+from collections import namedtuple
 from typing import Sequence
 
 import numpy as np
@@ -119,8 +122,9 @@ def views(record: type, fields: Sequence[tuple[np.dtype, int]]):
     instance of the named tuple class ``record`` (one name per field, in header order), each a
     C array view of its ``(dtype, ndim)`` in ``fields`` (``ndim`` 1 or 2) in the shape the header
     gives. For a kernel to read a whole packed state with one call, its dtypes declared in one
-    table (`Packed`'s ``fields`` carry the same dtypes and the shapes). ``buf`` may also be
-    the buffer's ``void*`` (a compiled hook's ``state``, `prefixshield.policies.hooks`)."""
+    table (`Packed`'s ``fields`` carry the same dtypes and the shapes; a `Record` declares
+    both at once). ``buf`` may also be the buffer's ``void*`` (a compiled hook's ``state``,
+    `prefixshield.policies.hooks`)."""
     arrtys = [types.Array(from_dtype(np.dtype(dtype)), ndim, "C") for dtype, ndim in fields]
     if any(a.ndim not in (1, 2) for a in arrtys) or len(arrtys) != len(record._fields):
         raise ValueError("views: one field of 1 or 2 dimensions per name of the record")
@@ -201,3 +205,65 @@ class Packed:
             nbytes = count * dtype.itemsize
             self.arrays[name] = self.buffer[off:off + nbytes].view(dtype).reshape(shape)
             self.offsets[name] = off
+
+
+class Record:
+    """A packed state declared once: each field's name, dtype and number of dimensions, from
+    which come both the kernels' `views` intrinsic and the `Packed` buffers (the shapes, known
+    only when a buffer is built, are given then).
+
+    Args:
+        fields: ``name=dtype`` per 1-D field, ``name=(dtype, 2)`` per 2-D one, in header
+            order (the order of the keyword arguments).
+
+    Attributes:
+        names: the field names, in header order.
+        fields: name -> ``(numpy dtype, ndim)``.
+        views: an intrinsic ``views(buf)`` (`views`): every field of a buffer of this record as
+            one named tuple of C array views, for kernels and hooks (assign it to a module
+            global: numba reads it as a global, not as an attribute of this object).
+    """
+
+    def __init__(self, **fields) -> None:
+        self.fields: dict[str, tuple[np.dtype, int]] = {}
+        for name, spec in fields.items():
+            dtype, ndim = spec if isinstance(spec, tuple) else (spec, 1)
+            self.fields[name] = (np.dtype(dtype), int(ndim))
+        self.names = tuple(self.fields)
+        self.views = views(namedtuple("State", self.names), list(self.fields.values()))
+
+    def pack(self, **values) -> Packed:
+        """A new buffer of this record with every field's initial value.
+
+        Args:
+            values: one per field (no other names): an array (the field takes its shape and a
+                copy of its contents, cast to the field's dtype) or a shape (an int for a 1-D
+                field, a tuple otherwise: the field starts zeroed); its dimensions must be
+                the field's.
+
+        Returns:
+            the `Packed` buffer, its fields in `names` order.
+
+        Raises:
+            ValueError: a field missing or unknown, or of other dimensions than declared.
+        """
+        if set(values) != set(self.names):
+            raise ValueError(f"Record.pack: one value per field {self.names}, got "
+                             f"{tuple(values)}")
+        layout = []
+        for name in self.names:
+            dtype, ndim = self.fields[name]
+            value = values[name]
+            if isinstance(value, np.ndarray):
+                shape = value.shape
+            else:
+                shape = (value,) if isinstance(value, (int, np.integer)) else tuple(value)
+            if len(shape) != ndim:
+                raise ValueError(f"Record.pack: field {name!r} has {ndim} dimension(s), "
+                                 f"got shape {shape}")
+            layout.append((name, dtype, shape))
+        packed = Packed(layout)
+        for name, value in values.items():
+            if isinstance(value, np.ndarray):
+                packed.arrays[name][...] = value
+        return packed
