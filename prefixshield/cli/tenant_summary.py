@@ -33,6 +33,12 @@ def tenant_plan_lines(meta: dict) -> list[str]:
     elif plan.get("unit") == "root" and assign in ("session", "prefix", "zipf", "servegen"):
         lines.append(f"tenants: {plan['roots']:,} roots dealt whole ({plan['sessions']:,} "
                      "sessions inside them)")
+    cut = meta.get("limit")
+    if lines and isinstance(cut, dict) and cut.get("mode") == "drop" and cut["requests_affected"]:
+        # the tenant model deals the records as read; --max-prompt-tokens drops after it
+        lines[-1] += (f"; counted before the {cut['requests_affected']:,} prompts over "
+                      f"{cut['max_prompt_tokens']:,} tokens were dropped, so the trace may "
+                      "hold fewer")
     if meta.get("tenant_column") == "ignored":
         lines.append(f"tenants: the trace's own tenant column is ignored (--assign {assign} "
                      "re-deals the records; --assign trace keeps it)")

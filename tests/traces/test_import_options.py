@@ -63,6 +63,12 @@ def test_import_cli_passes_every_option(tmp_path):
         "max_prompt_tokens"] == 8192
     assert len(tr) == 300 - meta["limit"]["requests_affected"]
     assert tr.prompt_lengths().max() <= 8192
+    # the tenant model dealt the 300 records read; the drop came after, and the line says so
+    n = meta["limit"]["requests_affected"]
+    dealt = [line for line in r.output.splitlines() if line.startswith("tenants:")]
+    assert n > 0 and dealt and dealt[-1].endswith(
+        f"; counted before the {n:,} prompts over 8,192 tokens were dropped, so the trace "
+        "may hold fewer"), r.output
     df = tr.requests
     assert (df["group"] == [f"group{p % 3}" for p in df["prefix_id"]]).all()
     assert not df.loc[df["arrival_s"] < 5, "measured"].any()
