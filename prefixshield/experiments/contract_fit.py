@@ -205,8 +205,8 @@ def debt_warning(results: Mapping[str, RunResult], fitted: bool = False) -> str 
         return (f"the contracts do not fit this deployment: every group was in debt for most "
                 f"of the measured window under {runs}. Refill: {refill}; measured creation "
                 f"under {first}: {made} blocks/s. "
-                + ("They were fitted to this trace and pool (--contracts fit), which funds "
-                   "what the groups created under LRU: these runs created more." if fitted else
+                + ("They were fitted to this trace and pool (--contracts fit): their refills "
+                   "fund, on average, what the groups created under LRU." if fitted else
                    "Size the contracts to this trace and pool with --contracts fit."))
     if not partial:
         return None
