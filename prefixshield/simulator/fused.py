@@ -39,9 +39,9 @@ What it models, decision for decision the same as the step-by-step oracle
   six compiled hooks it hands the loop (`POLICY_HOOKS`, `prefixshield.policies.hooks`: each
   called by address, with the policy's packed state, where the pool calls its events). The
   policies' kernels report an illegal event (a block released twice, say) by a return value,
-  which their Python methods turn into ``ValueError``; the loop does not read them: the pool hands a policy only what its own
-  reference counts make legal (the oracle would raise first), and ``check_invariants`` checks
-  the pool and the policy after every step.
+  which their Python methods turn into ``ValueError``; the loop does not read them: the pool
+  hands a policy only what its own reference counts make legal (the oracle would raise
+  first), and ``check_invariants`` checks the pool and the policy after every step.
 * **The linear** [`CostModel`][prefixshield.simulator.costmodel.CostModel] evaluated in the same
   operation order as its ``step_time`` (a duck-typed cost object takes the per-step path).
 
