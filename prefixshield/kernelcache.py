@@ -100,16 +100,24 @@ def configure() -> Path | None:
     return path
 
 
-def is_warm(environ=None, package_dir: Path = PACKAGE_DIR) -> bool:
-    """Whether this version's kernel cache already holds the engine loop's compiled kernels
-    (the numba index of ``simulator/fused.py``'s ``run_loop``): if not, the first simulation
-    compiles them (about a minute), and a command says so. A policy's own kernels may still
+LOOPS = {"engine": "simulator_*/fused.run_loop-*.nbi",
+         "fleet": "fleet_*/fused.fleet_loop-*.nbi"}
+"""The big compiled loops (numba index files under the cache): a single engine's event loop,
+and a lockstep fleet's loop around it (`prefixshield.fleet.fused`), each about a minute to
+compile."""
+
+
+def is_warm(environ=None, package_dir: Path = PACKAGE_DIR,
+            loops: tuple[str, ...] = ("engine",)) -> bool:
+    """Whether this version's kernel cache already holds the compiled ``loops`` (names of
+    `LOOPS`; the numba index of each): if not, the first simulation that needs them compiles
+    them (about a minute each), and a command says so. A policy's own kernels may still
     compile on its first run."""
     try:
         path = cache_path(environ, package_dir)
     except RuntimeError:
         return False
     try:
-        return any(path.glob("**/fused.run_loop-*.nbi"))
+        return all(any(path.glob(LOOPS[name])) for name in loops)
     except OSError:
         return False

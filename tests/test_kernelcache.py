@@ -76,3 +76,26 @@ def test_is_warm_says_whether_the_engine_loop_is_compiled(tmp_path):
     assert not is_warm(env)  # a policy's kernel alone does not make the loop warm
     (where / "fused.run_loop-470.py311.nbi").write_bytes(b"")
     assert is_warm(env)
+    assert not is_warm(env, loops=("engine", "fleet"))  # a lockstep fleet's loop is its own
+    fleet = cache_path(env) / "fleet_abc"
+    fleet.mkdir()
+    (fleet / "fused.fleet_loop-374.py311.nbi").write_bytes(b"")
+    assert is_warm(env, loops=("engine", "fleet"))
+
+
+def test_a_run_that_may_run_in_lockstep_waits_for_the_fleet_loop_too(tmp_path, monkeypatch):
+    from prefixshield.cli.common import compile_note
+    from prefixshield.fleet.config import FleetConfig
+    from prefixshield.fleet.routers.base import RouterConfig
+    from prefixshield.kernelcache import cache_path
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    where = cache_path() / "simulator_abc"
+    where.mkdir(parents=True)
+    (where / "fused.run_loop-470.py311.nbi").write_bytes(b"")
+    assert compile_note() == ""
+    assert compile_note(FleetConfig(4, RouterConfig("round_robin"))) == ""  # split
+    for fleet in (FleetConfig(4, RouterConfig("kv_aware")),
+                  FleetConfig(4, RouterConfig("round_robin"), mode="lockstep"),
+                  FleetConfig(4, RouterConfig("round_robin"), ledger="fleet")):
+        assert "numba compiles them" in compile_note(fleet)

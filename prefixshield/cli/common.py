@@ -629,10 +629,15 @@ class Stages:
             pass
 
 
-def compile_note() -> str:
+def compile_note(fleet=None) -> str:
     """A stage line's note that numba is compiling the kernels (about a minute; later runs load
-    them from the cache) when the kernel cache is cold, else ``""``."""
+    them from the cache) when the kernel cache is cold, else ``""``. ``fleet``: the run's
+    `FleetConfig` or None; one that may run in lockstep needs the fleet's loop too."""
     from prefixshield.kernelcache import is_warm
 
-    return ("" if is_warm() else " (first run of these kernels: numba compiles them, about a "
-            "minute; later runs load them from the cache)")
+    loops = ("engine",)
+    if fleet is not None and (fleet.mode == "lockstep" or fleet.reads_state()
+                              or fleet.ledger == "fleet"):
+        loops += ("fleet",)
+    return ("" if is_warm(loops=loops) else " (first run of these kernels: numba compiles "
+            "them, about a minute; later runs load them from the cache)")

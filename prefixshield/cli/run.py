@@ -111,7 +111,7 @@ def run(opts, out_dir, plot, stream):
     timings: dict[str, float] = {}
     failures: dict[str, str] = {}
     with Stages(total=len(names)) as stages, fleet_executor(opts.executor) as ex:
-        note = [compile_note()]
+        note = [compile_note(fleet)]
         where = "" if fleet is None else f" on {fleet.replicas} replicas"
 
         def start(name):
@@ -235,7 +235,7 @@ def compare(opts, out_csv):
     with Stages(total=seeds) as stages, fleet_executor(opts.executor) as ex:
         t0 = [time.perf_counter()]
         where = "" if fleet is None else f" on {fleet.replicas} replicas"
-        stages.stage(f"seed 0 of {seeds}: {len(names)} policies{where}{compile_note()}")
+        stages.stage(f"seed 0 of {seeds}: {len(names)} policies{where}{compile_note(fleet)}")
 
         def on_seed(s):
             stages.done(f"seed {s}: {len(names)} policies in {time.perf_counter() - t0[0]:.2f} s")
