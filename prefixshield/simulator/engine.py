@@ -190,6 +190,22 @@ def check_fits(config: EngineConfig, prompt_tokens: np.ndarray, output_tokens: n
         f"pool holds {usable_tokens} ({config.num_blocks - 1} usable blocks x "
         f"{config.block_size} tokens)")
 
+def check_block_limits(limits, group_id: np.ndarray, total_tokens: np.ndarray,
+                       block_size: int, request_ids: np.ndarray, groups: list[str],
+                       row_base: int = 0) -> EngineError | None:
+    """The error for the first request its group's ``max_blocks`` limit could hold back for
+    ever (`over_block_limit`: prompt and output, ``total_tokens``, need more blocks), None if
+    none; ``request_ids`` of the same rows, the first being trace row ``row_base``."""
+    over = over_block_limit(limits, group_id, total_tokens, block_size)
+    if over is None:
+        return None
+    i, need, cap = over
+    return EngineError(
+        f"request {int(request_ids[i])} (row {row_base + i}) of group "
+        f"{groups[group_id[i]]!r} needs up to {need} blocks, more than the "
+        f"group's max_blocks limit {cap}: it could be held back for ever")
+
+
 def bind_capacity(scheduler, config: EngineConfig, cost: CostModel) -> None:
     """Tell ``scheduler`` the engine's capacity (see ``Scheduler.bind_capacity``) if it wants
     it: the usable blocks and the prompt tokens per simulated second of a full-budget prefill
@@ -340,14 +356,12 @@ class Engine:
                              df["request_id"].to_numpy(np.int64))
         if too_big is not None:
             raise too_big
-        over = over_block_limit(self.scheduler.limits, self.group_id,
-                                self.prompt_tokens + self.output_tokens, config.block_size)
-        if over is not None:
-            i, need, cap = over
-            raise EngineError(
-                f"request {int(df['request_id'].iloc[i])} (row {i}) of group "
-                f"{self.groups[self.group_id[i]]!r} needs up to {need} blocks, more than the "
-                f"group's max_blocks limit {cap}: it could be held back for ever")
+        held_back = check_block_limits(self.scheduler.limits, self.group_id,
+                                       self.prompt_tokens + self.output_tokens,
+                                       config.block_size, df["request_id"].to_numpy(np.int64),
+                                       self.groups)
+        if held_back is not None:
+            raise held_back
         unknown = [c for c in self.contracts if c not in contracts]
         if unknown:
             raise EngineError(f"trace names contract {unknown[0]!r}, which is not configured; "

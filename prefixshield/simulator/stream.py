@@ -41,7 +41,8 @@ attacker's creation figures a row group at a time.
 
 Streaming takes the fused loop only (a scheduler with a compiled form, one of the four fused
 policies, the linear cost model; the scheduler's lists are rebased with the window,
-`prefixshield.scheduling.kernels.rebase`): anything else raises [`EngineError`][prefixshield.simulator.engine.EngineError].
+`prefixshield.scheduling.kernels.rebase`): anything else raises
+[`EngineError`][prefixshield.simulator.engine.EngineError].
 
 Units: seconds, tokens, blocks, as the engine's.
 """
@@ -62,7 +63,7 @@ import pyarrow.parquet as pq
 from prefixshield.parquetfiles import read_frame
 from prefixshield.policies.base import Policy
 from prefixshield.scheduling import kernels as sk
-from prefixshield.scheduling.config import capped_outputs, over_block_limit
+from prefixshield.scheduling.config import capped_outputs
 from prefixshield.scheduling.registry import make_scheduler
 from prefixshield.simulator import batch as bk
 from prefixshield.simulator import fused as fz
@@ -70,7 +71,8 @@ from prefixshield.simulator.config import EngineConfig
 from prefixshield.simulator.costmodel import CostModel
 from prefixshield.simulator.creation import group_creation_chunks
 from prefixshield.simulator.engine import (OUTPUT_SEED_SALT, Engine, EngineError, RunResult,
-                                           _index_of, check_fits, init_request_arrays)
+                                           _index_of, check_block_limits, check_fits,
+                                           init_request_arrays)
 from prefixshield.simulator.metrics import summary_of
 from prefixshield.simulator.records import build_records
 from prefixshield.tenancy import DEFAULT_CONTRACTS, Contract
@@ -204,14 +206,10 @@ class _Feed:
         err = check_fits(self.config, w.prompt_tokens, w.output_tokens, w.request_id, base)
         if err is not None:
             raise err
-        over = over_block_limit(self.limits, w.group_id, w.prompt_tokens + w.output_tokens,
-                                self.config.block_size)
-        if over is not None:
-            i, need, cap = over
-            raise EngineError(
-                f"request {int(w.request_id[i])} (row {base + i}) of group "
-                f"{s.groups[w.group_id[i]]!r} needs up to {need} blocks, more than the "
-                f"group's max_blocks limit {cap}: it could be held back for ever")
+        err = check_block_limits(self.limits, w.group_id, w.prompt_tokens + w.output_tokens,
+                                 self.config.block_size, w.request_id, s.groups, base)
+        if err is not None:
+            raise err
         self.buf.append(w)
         self.buffered += len(w)
 
