@@ -100,8 +100,7 @@ def configure() -> Path | None:
     return path
 
 
-LOOPS = {"engine": "simulator_*/fused.run_loop-*.nbi",
-         "fleet": "fleet_*/fused.fleet_loop-*.nbi"}
+LOOPS = {"engine": "**/fused.run_loop-*.nbi", "fleet": "**/fused.fleet_loop-*.nbi"}
 """The big compiled loops (numba index files under the cache): a single engine's event loop,
 and a lockstep fleet's loop around it (`prefixshield.fleet.fused`), each about a minute to
 compile."""

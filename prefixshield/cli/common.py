@@ -635,9 +635,7 @@ def compile_note(fleet=None) -> str:
     `FleetConfig` or None; one that may run in lockstep needs the fleet's loop too."""
     from prefixshield.kernelcache import is_warm
 
-    loops = ("engine",)
-    if fleet is not None and (fleet.mode == "lockstep" or fleet.reads_state()
-                              or fleet.ledger == "fleet"):
-        loops += ("fleet",)
+    lockstep = fleet is not None and fleet.resolved_mode() == "lockstep"
+    loops = ("engine", "fleet") if lockstep else ("engine",)
     return ("" if is_warm(loops=loops) else " (first run of these kernels: numba compiles "
             "them, about a minute; later runs load them from the cache)")

@@ -465,7 +465,7 @@ def _print_fleet(results) -> None:
         rec = with_bound(r)
         s = fleet_summary(r, rec)
         # the Python loop gives the same results, only slower: say why a run took it
-        loop = f", {r.fleet.loop}" if r.fleet.loop.startswith("Python") else ""
+        loop = f", {r.fleet.loop}" if r.fleet.loop not in ("", "compiled") else ""
         ledger = ("" if s["ledger"] == "replica"
                   else f", fleet ledger (staleness {s['ledger_staleness_s']:g} s)")
         title = (f"{label}: {_count(s['replicas'], 'replica')}, router {s['router']} "
